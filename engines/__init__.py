@@ -1,0 +1,1 @@
+"""Engines: things that turn token ids into logits. evalsuite judges them through engines.base."""

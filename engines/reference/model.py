@@ -1,0 +1,149 @@
+"""Pure-JAX decoder math for the dense (Llama/Qwen) and MoE (DeepSeek-V3/Kimi) families.
+
+Written to be read, not to be fast: one Python loop over layers, every step named. Shapes:
+B batch rows, T tokens this call, S cache slots, D hidden, H query heads, K kv heads, hd head dim,
+V vocab, E experts. Norms, RoPE, softmax and routing always compute in float32; matmuls take the
+activation dtype (float32 or bfloat16) and accumulate in float32.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from engines.config import Config
+
+f32 = jnp.float32
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """x / sqrt(mean(x^2) + eps) * w over the last axis, computed in float32."""
+    x32 = x.astype(f32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * w.astype(f32)).astype(x.dtype)
+
+
+def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """positions [B, T] -> cos, sin [B, T, 1, hd/2]; frequency i is theta^(-2i/hd)."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=f32) / head_dim))
+    angle = positions.astype(f32)[..., None] * inv_freq  # [B, T, hd/2]
+    return jnp.cos(angle)[:, :, None, :], jnp.sin(angle)[:, :, None, :]
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, style: str) -> jax.Array:
+    """Rotate x [B, T, heads, hd]. "interleaved": pairs (2i, 2i+1); "half": pairs (i, i + hd/2)."""
+    x32 = x.astype(f32)
+    if style == "interleaved":
+        a, b = x32[..., 0::2], x32[..., 1::2]
+        out = jnp.stack([a * cos - b * sin, a * sin + b * cos], axis=-1).reshape(x.shape)
+    else:
+        half = x.shape[-1] // 2
+        a, b = x32[..., :half], x32[..., half:]
+        out = jnp.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array) -> jax.Array:
+    """Grouped-query causal attention over a cache.
+
+    q [B, T, H, hd]; k, v [B, S, K, hd] (slot s holds position s); q_pos [B, T].
+    A query at position p sees slots 0..p. Returns [B, T, H*hd].
+    """
+    B, T, H, hd = q.shape
+    S, K = k.shape[1], k.shape[2]
+    qg = q.reshape(B, T, K, H // K, hd)  # query head h uses kv head h // (H/K)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=f32) / jnp.sqrt(f32(hd))
+    visible = jnp.arange(S)[None, None, :] <= q_pos[:, :, None]  # [B, T, S]
+    scores = jnp.where(visible[:, None, None, :, :], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=f32)
+    return out.reshape(B, T, H * hd).astype(q.dtype)
+
+
+def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    return jnp.matmul(x, w, preferred_element_type=f32).astype(x.dtype)
+
+
+def swiglu(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:
+    """down(silu(x @ gate) * (x @ up))."""
+    return matmul(jax.nn.silu(matmul(x, gate)) * matmul(x, up), down)
+
+
+def route(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -> jax.Array:
+    """Expert weights [..., E], zero outside each token's top-k.
+
+    softmax router: choose and weigh by softmax(logits).
+    sigmoid router (DeepSeek-V3): choose by sigmoid(logits) + bias, weigh by sigmoid(logits).
+    Then optionally renormalise the k weights to sum 1, and scale by routed_scale.
+    """
+    logits = jnp.matmul(x.astype(f32), router.astype(f32))
+    if c.router == "softmax":
+        scores = jax.nn.softmax(logits, axis=-1)
+        choice = scores
+    else:
+        scores = jax.nn.sigmoid(logits)
+        choice = scores + bias.astype(f32)
+    _, idx = jax.lax.top_k(choice, c.top_k)  # [..., k]
+    w = jnp.take_along_axis(scores, idx, axis=-1)
+    if c.norm_topk:
+        w = w / jnp.sum(w, axis=-1, keepdims=True)
+    w = w * c.routed_scale
+    one_hot = jax.nn.one_hot(idx, c.n_experts, dtype=f32)  # [..., k, E]
+    return jnp.einsum("...k,...ke->...e", w, one_hot)
+
+
+def moe(x: jax.Array, p: dict, m: int, c: Config) -> jax.Array:
+    """Routed experts (every expert evaluated, weighted by route's sparse weights) + shared expert."""
+    gates = route(x, p["router"][m], p["router_bias"][m], c)  # [B, T, E]
+    h = (jax.nn.silu(jnp.einsum("btd,edf->btef", x, p["e_gate"][m], preferred_element_type=f32))
+         * jnp.einsum("btd,edf->btef", x, p["e_up"][m], preferred_element_type=f32)).astype(x.dtype)
+    y = jnp.einsum("btef,efd->bted", h, p["e_down"][m], preferred_element_type=f32)
+    out = jnp.einsum("bte,bted->btd", gates, y).astype(x.dtype)
+    if c.n_shared_experts:
+        out = out + swiglu(x, p["s_gate"][m], p["s_up"][m], p["s_down"][m])
+    return out
+
+
+def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
+            k_cache: jax.Array, v_cache: jax.Array, want_taps: bool = False,
+            logit_index: jax.Array | None = None):
+    """Run T new tokens per row through every layer, writing their K/V into the cache.
+
+    tokens, positions [B, T] int32; k_cache, v_cache [L, B, S, K, hd].
+    Returns logits [B, T, V] float32 (or [B, V] at logit_index [B] when given: prefill needs only
+    each row's last prompt position), the updated caches, and taps [L, B, T, D] (the residual
+    stream after each layer, float32) when want_taps, else None.
+    """
+    B, T = tokens.shape
+    dt = p["embed"].dtype
+    x = p["embed"][tokens]  # [B, T, D]
+    cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta)
+    rows = jnp.arange(B)[:, None]  # [B, 1], broadcast with positions for the cache scatter
+    taps = []
+    for layer in range(c.n_layers):
+        h = rms_norm(x, p["attn_norm"][layer], c.rms_eps)
+        q = matmul(h, p["wq"][layer]).reshape(B, T, c.n_heads, c.head_dim)
+        k = matmul(h, p["wk"][layer]).reshape(B, T, c.n_kv_heads, c.head_dim)
+        v = matmul(h, p["wv"][layer]).reshape(B, T, c.n_kv_heads, c.head_dim)
+        if c.qk_norm:
+            q = rms_norm(q, p["q_norm"][layer], c.rms_eps)
+            k = rms_norm(k, p["k_norm"][layer], c.rms_eps)
+        q = apply_rope(q, cos, sin, c.rope_style)
+        k = apply_rope(k, cos, sin, c.rope_style)
+        k_cache = k_cache.at[layer, rows, positions].set(k.astype(k_cache.dtype))
+        v_cache = v_cache.at[layer, rows, positions].set(v.astype(v_cache.dtype))
+        attn = attention(q, k_cache[layer], v_cache[layer], positions)
+        x = x + matmul(attn, p["wo"][layer])
+        h = rms_norm(x, p["mlp_norm"][layer], c.rms_eps)
+        if layer < c.n_dense_layers:
+            x = x + swiglu(h, p["gate"][layer], p["up"][layer], p["down"][layer])
+        else:
+            x = x + moe(h, p, layer - c.n_dense_layers, c)
+        if want_taps:
+            taps.append(x.astype(f32))
+    if logit_index is not None:
+        x = jnp.take_along_axis(x, logit_index[:, None, None], axis=1)[:, 0]  # [B, D]
+    x = rms_norm(x, p["final_norm"], c.rms_eps)
+    head = p["embed"] if c.tie_embeddings else p["lm_head"]
+    logits = jnp.einsum("...d,vd->...v", x, head.astype(dt), preferred_element_type=f32)
+    return logits, k_cache, v_cache, (jnp.stack(taps) if want_taps else None)

@@ -1,0 +1,135 @@
+"""Tokenizers and chat templates built from model metadata (never downloaded)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from engines.errors import ModelError
+
+# The ChatML template the mini models use; SmolLM2's GGUF carries its own (with a system prompt).
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] "
+    "+ '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% endif %}"
+)
+
+
+@dataclass
+class TextTokenizer:
+    """A `tokenizers.Tokenizer` plus the chat template and the ids that end a turn."""
+
+    tok: Tokenizer
+    chat_template: str
+    eos_ids: tuple[int, ...]
+    bos_id: int | None = None
+    add_bos: bool = False
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text, with control tokens written in the text parsed as control tokens."""
+        ids = self.tok.encode(text, add_special_tokens=False).ids
+        return ([self.bos_id] if self.add_bos and self.bos_id is not None else []) + ids
+
+    def decode(self, ids: list[int], skip_special: bool = False) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=skip_special)
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+        try:
+            tmpl = env.from_string(self.chat_template)
+            return tmpl.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                               bos_token="", eos_token="")
+        except jinja2.TemplateError as e:
+            raise ModelError(f"chat template failed to render: {e}") from None
+
+    def encode_chat(self, user_text: str) -> list[int]:
+        return self.encode(self.render_chat([{"role": "user", "content": user_text}]))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+
+def _bpe_tokenizer(vocab: dict[str, int], merges: list[tuple[str, str]], specials: list[str],
+                   split_digits: bool) -> Tokenizer:
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if split_digits:  # SmolLM2's "smollm" pre-tokenizer: each digit alone, then GPT-2's regex
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        tok.pre_tokenizer = byte_level
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    return tok
+
+
+def gguf_tokenizer(reader) -> TextTokenizer:
+    """Byte-level BPE from tokenizer.ggml.* metadata (gpt2 model; smollm or default pre-tokenizer)."""
+    f = reader.fields
+    model = f["tokenizer.ggml.model"].contents()
+    if model != "gpt2":
+        raise ModelError(f"unsupported GGUF tokenizer model {model!r}: only 'gpt2' (byte-level BPE)")
+    pre = f["tokenizer.ggml.pre"].contents() if "tokenizer.ggml.pre" in f else "default"
+    if pre not in ("smollm", "default", "gpt2"):
+        raise ModelError(f"unsupported GGUF pre-tokenizer {pre!r}")
+    tokens = f["tokenizer.ggml.tokens"].contents()
+    types = f["tokenizer.ggml.token_type"].contents()
+    merges = [tuple(m.split(" ", 1)) for m in f["tokenizer.ggml.merges"].contents()]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    specials = [t for t, ty in zip(tokens, types) if ty == 3]  # 3 = CONTROL
+    tok = _bpe_tokenizer(vocab, merges, specials, split_digits=(pre == "smollm"))
+    eos = int(f["tokenizer.ggml.eos_token_id"].contents())
+    bos = int(f["tokenizer.ggml.bos_token_id"].contents()) if "tokenizer.ggml.bos_token_id" in f else None
+    add_bos = bool(f["tokenizer.ggml.add_bos_token"].contents()) if "tokenizer.ggml.add_bos_token" in f else False
+    template = f["tokenizer.chat_template"].contents() if "tokenizer.chat_template" in f else CHATML_TEMPLATE
+    return TextTokenizer(tok, template, eos_ids=(eos,), bos_id=bos, add_bos=add_bos)
+
+
+MINI_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def byte_tokenizer() -> TextTokenizer:
+    """The mini models' tokenizer: 3 control tokens then the 256 bytes (ids 3..258), no merges."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=lambda ch: _byte_of(ch))
+    vocab = {s: i for i, s in enumerate(MINI_SPECIALS)}
+    vocab.update({ch: 3 + i for i, ch in enumerate(alphabet)})
+    tok = _bpe_tokenizer(vocab, [], MINI_SPECIALS, split_digits=False)
+    return TextTokenizer(tok, CHATML_TEMPLATE, eos_ids=(2,), bos_id=None, add_bos=False)
+
+
+def _byte_of(ch: str) -> int:
+    """GPT-2's byte-to-unicode map, inverted: the byte a ByteLevel alphabet character stands for."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(map(chr, cs), bs))[ch]
+
+
+def hf_tokenizer(directory: Path) -> TextTokenizer:
+    """tokenizer.json (+ tokenizer_config.json for the chat template and EOS) from a checkpoint dir."""
+    tj = directory / "tokenizer.json"
+    if not tj.is_file():
+        raise ModelError(f"checkpoint {directory} has no tokenizer.json: pass token ids instead")
+    tok = Tokenizer.from_file(str(tj))
+    cfg_path = directory / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    template = cfg.get("chat_template") or CHATML_TEMPLATE
+    eos_tok = cfg.get("eos_token")
+    if isinstance(eos_tok, dict):
+        eos_tok = eos_tok.get("content")
+    eos_id = tok.token_to_id(eos_tok) if eos_tok else None
+    return TextTokenizer(tok, template, eos_ids=(eos_id,) if eos_id is not None else ())
+
+
+__all__ = ["TextTokenizer", "gguf_tokenizer", "byte_tokenizer", "hf_tokenizer"]

