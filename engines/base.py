@@ -9,8 +9,9 @@ An engine turns token ids into logits. It declares what it can do in `capabiliti
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 

@@ -85,7 +85,7 @@ def gguf_tokenizer(reader) -> TextTokenizer:
     tok = _bpe_tokenizer(vocab, merges, specials, split_digits=(pre == "smollm"))
     eos = int(f["tokenizer.ggml.eos_token_id"].contents())
     bos = int(f["tokenizer.ggml.bos_token_id"].contents()) if "tokenizer.ggml.bos_token_id" in f else None
-    add_bos = bool(f["tokenizer.ggml.add_bos_token"].contents()) if "tokenizer.ggml.add_bos_token" in f else False
+    add_bos = "tokenizer.ggml.add_bos_token" in f and bool(f["tokenizer.ggml.add_bos_token"].contents())
     template = f["tokenizer.chat_template"].contents() if "tokenizer.chat_template" in f else CHATML_TEMPLATE
     return TextTokenizer(tok, template, eos_ids=(eos,), bos_id=bos, add_bos=add_bos)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from engines.errors import ModelError
 from engines.tokenizer import TextTokenizer, byte_tokenizer

