@@ -11,10 +11,10 @@ import numpy as np
 
 from engines.base import DTYPES, Generation, Scored, next_pow2
 from engines.errors import ModelError
+from engines.loop import MIN_PREFILL_BUCKET, forced_batch, greedy_batch
 from engines.reference import model
 from engines.weights import Weights
 
-MIN_PREFILL_BUCKET = 16  # prefill lengths round up to powers of two from here: few compilations
 MAX_BATCH = 32  # rows per device call; larger prompt lists run in chunks
 
 
@@ -126,8 +126,8 @@ class ReferenceEngine:
             raise ModelError(f"top_k must be in [1, {c.vocab_size}], got {top_k}")
         out: list[Generation] = []
         for i in range(0, len(prompts), MAX_BATCH):
-            out.extend(self._generate_batch(prompts[i:i + MAX_BATCH], max_new_tokens,
-                                            set(int(s) for s in stop_ids), top_k, want_logits))
+            out.extend(greedy_batch(self._prefill_step, self._decode_step, prompts[i:i + MAX_BATCH],
+                                    max_new_tokens, {int(s) for s in stop_ids}, top_k, want_logits))
         return out
 
     def decode_forced(self, prompts: Sequence[Sequence[int]],
@@ -136,33 +136,24 @@ class ReferenceEngine:
         token per step through the KV cache. Returns per row logits [N, V] float32 where row j
         predicts continuation[j] from prompt + continuation[:j]."""
         c = self.config
-        n_max = max(len(x) for x in continuations)
         check_prompts([list(p) + list(x) for p, x in zip(prompts, continuations)], c.vocab_size,
                       c.max_context + 1, 1)
         out: list[np.ndarray] = []
         for i in range(0, len(prompts), MAX_BATCH):
-            ps, cs = prompts[i:i + MAX_BATCH], continuations[i:i + MAX_BATCH]
-            n = len(ps)
-            B = next_pow2(n)
-            lengths = np.array([len(p) for p in ps] + [1] * (B - n), np.int32)
-            Tb = next_pow2(int(lengths.max()), MIN_PREFILL_BUCKET)
-            S = next_pow2(max(Tb, int(lengths.max()) + n_max))
-            tokens = np.zeros((B, Tb), np.int32)
-            forced = np.zeros((B, n_max), np.int32)
-            for r, (p, x) in enumerate(zip(ps, cs)):
-                tokens[r, :len(p)] = p
-                forced[r, :len(x)] = x
-            kc, vc = self.new_cache(B, S)
-            *_, lg, kc, vc = self._prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths),
-                                           kc, vc, k=1, want_logits=True)
-            steps = [np.asarray(lg)]
-            for j in range(n_max - 1):
-                *_, lg, kc, vc = self._decode(self.params, jnp.asarray(forced[:, j]),
-                                              jnp.asarray(lengths + j), kc, vc, k=1, want_logits=True)
-                steps.append(np.asarray(lg))
-            stacked = np.stack(steps, axis=1)  # [B, n_max, V]
-            out.extend(stacked[r, :len(cs[r])] for r in range(n))
+            out.extend(forced_batch(self._prefill_step, self._decode_step, prompts[i:i + MAX_BATCH],
+                                    continuations[i:i + MAX_BATCH]))
         return out
+
+    def _prefill_step(self, tokens, lengths, slots, k, want_logits):
+        kc, vc = self.new_cache(tokens.shape[0], slots)
+        *out, kc, vc = self._prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths), kc, vc,
+                                     k=k, want_logits=want_logits)
+        return (*out, (kc, vc))
+
+    def _decode_step(self, ids, positions, state, k, want_logits):
+        *out, kc, vc = self._decode(self.params, jnp.asarray(ids), jnp.asarray(positions), *state,
+                                    k=k, want_logits=want_logits)
+        return (*out, (kc, vc))
 
     def new_cache(self, batch: int, slots: int) -> tuple[list, list]:
         """Empty K and V caches: per layer [batch, K, slots, hd]."""
@@ -171,42 +162,3 @@ class ReferenceEngine:
         dt = self.params["embed"].dtype
         return ([jnp.zeros(shape, dt) for _ in range(c.n_layers)],
                 [jnp.zeros(shape, dt) for _ in range(c.n_layers)])
-
-    def _generate_batch(self, prompts, max_new, stop, k, want_logits) -> list[Generation]:
-        n = len(prompts)
-        B = next_pow2(n)  # pad the batch too: rows 1..8 compile 4 shapes, not 8
-        lengths = np.array([len(p) for p in prompts] + [1] * (B - n), np.int32)
-        Tb = next_pow2(int(lengths.max()), MIN_PREFILL_BUCKET)
-        S = next_pow2(max(Tb, int(lengths.max()) + max_new))
-        tokens = np.zeros((B, Tb), np.int32)
-        for r, p in enumerate(prompts):
-            tokens[r, :len(p)] = p
-        kc, vc = self.new_cache(B, S)
-        nxt, ti, tv, lg, kc, vc = self._prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths),
-                                                 kc, vc, k=k, want_logits=want_logits)
-        pos = lengths.copy()
-        ids = [[] for _ in range(n)]
-        tops_i = [[] for _ in range(n)]
-        tops_v = [[] for _ in range(n)]
-        logits = [[] for _ in range(n)]
-        done = [False] * n
-        for step in range(max_new):
-            nxt_h, ti_h, tv_h = np.asarray(nxt), np.asarray(ti), np.asarray(tv)
-            lg_h = np.asarray(lg) if want_logits else None
-            for r in range(n):
-                if done[r]:
-                    continue
-                ids[r].append(int(nxt_h[r]))
-                tops_i[r].append(ti_h[r])
-                tops_v[r].append(tv_h[r])
-                if want_logits:
-                    logits[r].append(lg_h[r])
-                done[r] = int(nxt_h[r]) in stop
-            if all(done) or step == max_new - 1:
-                break
-            nxt, ti, tv, lg, kc, vc = self._decode(self.params, nxt, jnp.asarray(pos), kc, vc,
-                                                   k=k, want_logits=want_logits)
-            pos += 1
-        return [Generation(list(map(int, prompts[r])), ids[r], np.stack(tops_i[r]), np.stack(tops_v[r]),
-                           "stop" if done[r] else "length",
-                           np.stack(logits[r]) if want_logits else None) for r in range(n)]

@@ -1,0 +1,81 @@
+"""Batched greedy and teacher-forced decode loops over an engine's prefill/decode step functions.
+
+Orchestration only (padding, buckets, stop ids, bookkeeping): no model math, so every engine can
+share it without sharing anything the comparison judges.
+
+A step function returns (next_ids [B], top_ids [B, k], top_logprobs [B, k], logits [B, V] or
+None, state); prefill(tokens [B, Tb], lengths [B], slots, k, want_logits) and
+decode(ids [B], positions [B], state, k, want_logits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from engines.base import Generation, next_pow2
+
+MIN_PREFILL_BUCKET = 16  # prefill lengths round up to powers of two from here: few compilations
+
+
+def _pad(prompts: Sequence[Sequence[int]], extra: int):
+    n = len(prompts)
+    B = next_pow2(n)  # pad the batch too: 1..8 rows compile 4 shapes, not 8
+    lengths = np.array([len(p) for p in prompts] + [1] * (B - n), np.int32)
+    Tb = next_pow2(int(lengths.max()), MIN_PREFILL_BUCKET)
+    S = next_pow2(max(Tb, int(lengths.max()) + extra))
+    tokens = np.zeros((B, Tb), np.int32)
+    for r, p in enumerate(prompts):
+        tokens[r, :len(p)] = p
+    return tokens, lengths, S
+
+
+def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,
+                 stop: set[int], k: int, want_logits: bool) -> list[Generation]:
+    n = len(prompts)
+    tokens, lengths, S = _pad(prompts, max_new)
+    nxt, ti, tv, lg, state = prefill(tokens, lengths, S, k, want_logits)
+    pos = lengths.copy()
+    ids: list[list[int]] = [[] for _ in range(n)]
+    tops_i: list[list] = [[] for _ in range(n)]
+    tops_v: list[list] = [[] for _ in range(n)]
+    logits: list[list] = [[] for _ in range(n)]
+    done = [False] * n
+    for step in range(max_new):
+        nxt_h, ti_h, tv_h = np.asarray(nxt), np.asarray(ti), np.asarray(tv)
+        lg_h = np.asarray(lg) if want_logits else None
+        for r in range(n):
+            if done[r]:
+                continue
+            ids[r].append(int(nxt_h[r]))
+            tops_i[r].append(ti_h[r])
+            tops_v[r].append(tv_h[r])
+            if want_logits:
+                logits[r].append(lg_h[r])
+            done[r] = int(nxt_h[r]) in stop
+        if all(done) or step == max_new - 1:
+            break
+        nxt, ti, tv, lg, state = decode(nxt, pos.copy(), state, k, want_logits)
+        pos += 1
+    return [Generation(list(map(int, prompts[r])), ids[r], np.stack(tops_i[r]), np.stack(tops_v[r]),
+                       "stop" if done[r] else "length", np.stack(logits[r]) if want_logits else None)
+            for r in range(n)]
+
+
+def forced_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]],
+                 continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """Per row logits [N, V]: row j predicts continuation[j] from prompt + continuation[:j]."""
+    n = len(prompts)
+    n_max = max(len(x) for x in continuations)
+    tokens, lengths, S = _pad(prompts, n_max)
+    forced = np.zeros((len(lengths), n_max), np.int32)
+    for r, x in enumerate(continuations):
+        forced[r, :len(x)] = x
+    *_, lg, state = prefill(tokens, lengths, S, 1, True)
+    steps = [np.asarray(lg)]
+    for j in range(n_max - 1):
+        *_, lg, state = decode(forced[:, j], lengths + j, state, 1, True)
+        steps.append(np.asarray(lg))
+    stacked = np.stack(steps, axis=1)  # [B, n_max, V]
+    return [stacked[r, :len(continuations[r])] for r in range(n)]

@@ -1,0 +1,172 @@
+"""MegakernelEngine: the engine protocol over the one-pallas_call decode step."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas import tpu as pltpu
+
+from engines.base import DTYPES, Generation, Scored, next_pow2
+from engines.errors import ModelError
+from engines.loop import MIN_PREFILL_BUCKET, forced_batch, greedy_batch
+from engines.megakernel import ops
+from engines.megakernel.kernel import FAULTS, KernelSpec, attn_keys, decode_layers, dense_keys, moe_keys
+from engines.megakernel.prefill import prefill_hidden
+from engines.weights import Weights
+
+F32 = jnp.float32
+MAX_BATCH = 8  # the kernel's rows per call (each row at its own position)
+ATTN_TILE = 64  # cache positions per online-softmax step (or all slots when fewer)
+INTERPRET_MODES = ("generic", "tpu")
+KEEP_F32 = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "router", "router_bias")  # tiny, precision-critical
+
+
+def tpu_interpret_params() -> pltpu.InterpretParams:
+    """TPU interpret mode as the tests run it: DMAs execute at once (exposes use-before-wait) and
+    the happens-before race detector is on."""
+    return pltpu.InterpretParams(detect_races=True, dma_execution_mode="eager")
+
+
+def races_found() -> bool:
+    """Whether TPU interpret mode's race detector has flagged anything since its state was reset.
+    (jax 0.10.2 keeps this in a private module; there is no public accessor.)"""
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    return bool(ipc.races is not None and ipc.races.races_found)
+
+
+def hbm_arrays(w: Weights, dtype: str) -> dict:
+    """The kernel's HBM-resident per-layer stacks: vectors become [n, 1, X] rows; matrices take the
+    mode's dtype (bf16 mode: bf16 weights), norms and the router stay float32."""
+    c = w.config
+    out = {}
+    for k in attn_keys(c) + dense_keys(c) + moe_keys(c):
+        a = w.arrays[k]
+        if k.endswith("norm") or k == "router_bias":
+            a = a[:, None, :]
+        out[k] = jnp.asarray(a, F32 if k in KEEP_F32 else jnp.dtype(dtype))
+    return out
+
+
+class MegakernelEngine:
+    """dtype "float32" (all f32) or "bfloat16" (bf16 weights, f32 accumulation, f32 residual
+    stream and KV cache: the TPU recipe). fault: one of kernel.FAULTS, a self-test aid."""
+
+    capabilities = frozenset({"score", "generate", "taps", "logits"})
+
+    def __init__(self, weights: Weights, dtype: str = "float32", fault: str | None = None,
+                 interpret: str = "generic", fault_layer: int | None = None, n_buffers: int = 2):
+        if dtype not in DTYPES:
+            raise ModelError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+        if fault is not None and fault not in FAULTS:
+            raise ModelError(f"unknown fault {fault!r}; expected one of {', '.join(FAULTS)}")
+        if fault == "router_second_choice" and weights.config.family != "moe":
+            raise ModelError(f"fault router_second_choice needs a MoE model; {weights.config.name} is dense")
+        if interpret not in INTERPRET_MODES:
+            raise ModelError(f"unknown interpret mode {interpret!r}; expected one of {INTERPRET_MODES}")
+        c = self.config = weights.config
+        self.name = "megakernel"
+        self.dtype, self.fault, self.weights_sha256 = dtype, fault, weights.sha256
+        self.fault_layer = c.n_layers // 2 if fault_layer is None else fault_layer
+        self.interpret = True if interpret == "generic" else tpu_interpret_params()
+        self.n_buffers = n_buffers
+        self.hbm = hbm_arrays(weights, dtype)
+        self.embed = jnp.asarray(weights.arrays["embed"], jnp.dtype(dtype))
+        head = weights.arrays["embed"] if c.tie_embeddings else weights.arrays["lm_head"]
+        self.head_t = jnp.asarray(np.ascontiguousarray(head.T), jnp.dtype(dtype))  # [D, V]
+        self.final_norm = jnp.asarray(weights.arrays["final_norm"][None, :], F32)
+        pq, fq = ops.rope_tables(c.rope_style, c.head_dim, c.n_heads, c.rope_theta)
+        pk, fk = ops.rope_tables(c.rope_style, c.head_dim, c.n_kv_heads, c.rope_theta)
+        self.rope = {"perm_q": jnp.asarray(pq), "freq_q": jnp.asarray(fq),
+                     "perm_k": jnp.asarray(pk), "freq_k": jnp.asarray(fk)}
+        self._prefill = jax.jit(self._prefill_impl, static_argnames=("slots", "k", "want_logits"))
+        self._score = jax.jit(self._score_impl, static_argnames=("want_taps",))
+        self._decode = jax.jit(self._decode_impl, static_argnames=("k", "want_logits", "want_taps"),
+                               donate_argnums=(2, 3))
+
+    # ---- jitted pieces -------------------------------------------------------------------------
+    def _logits(self, x):
+        return ops.mm(ops.rmsnorm(x, self.final_norm, self.config.rms_eps), self.head_t)
+
+    @staticmethod
+    def _pick(logits, k, want_logits):
+        z = logits - jnp.max(logits, axis=-1, keepdims=True)
+        logp = z - jnp.log(jnp.sum(jnp.exp(z), axis=-1, keepdims=True))
+        top_v, top_i = jax.lax.top_k(logp, k)
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), top_i, top_v, (logits if want_logits else None)
+
+    def _prefill_impl(self, tokens, lengths, slots, k, want_logits):
+        x, kc, vc, _ = prefill_hidden(self.config, self.hbm, self.embed, self.rope, tokens, slots)
+        last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, D]
+        return (*self._pick(self._logits(last), k, want_logits), kc, vc)
+
+    def _score_impl(self, tokens, want_taps):
+        x, _, _, taps = prefill_hidden(self.config, self.hbm, self.embed, self.rope, tokens,
+                                       tokens.shape[1], want_taps)
+        return self._logits(x), taps
+
+    def _spec(self, batch: int, slots: int, want_taps: bool) -> KernelSpec:
+        return KernelSpec(self.config, batch, slots, min(ATTN_TILE, slots), self.fault, self.fault_layer,
+                          self.n_buffers, want_taps, self.interpret)
+
+    def _decode_impl(self, ids, pos, kc, vc, k, want_logits, want_taps=False):
+        spec = self._spec(ids.shape[0], kc.shape[3], want_taps)
+        x = self.embed[ids].astype(F32)
+        x, kc, vc, taps = decode_layers(spec, self.hbm, x, pos, kc, vc, self.rope)
+        return (*self._pick(self._logits(x), k, want_logits), kc, vc, taps)
+
+    # ---- the protocol --------------------------------------------------------------------------
+    def _check(self, prompts, max_new):
+        from engines.reference.engine import check_prompts  # input validation only, no math
+
+        check_prompts(prompts, self.config.vocab_size, self.config.max_context, max_new)
+
+    def score(self, seqs: Sequence[Sequence[int]], want_taps: bool = False) -> list[Scored]:
+        """Teacher-forced logits through the engine's XLA prefill path (the kernel is decode-only;
+        use decode_forced for kernel logits at given tokens)."""
+        from engines.reference.engine import check_prompts
+
+        check_prompts(seqs, self.config.vocab_size, self.config.max_context + 1, 1)
+        out = []
+        for s in seqs:
+            T = len(s)
+            tokens = np.zeros((1, next_pow2(T, MIN_PREFILL_BUCKET)), np.int32)
+            tokens[0, :T] = s
+            logits, taps = self._score(jnp.asarray(tokens), want_taps=want_taps)
+            out.append(Scored(np.asarray(logits[0, :T]), np.asarray(taps[:, 0, :T]) if want_taps else None))
+        return out
+
+    def _prefill_step(self, tokens, lengths, slots, k, want_logits):
+        *out, kc, vc = self._prefill(jnp.asarray(tokens), jnp.asarray(lengths), slots=slots, k=k,
+                                     want_logits=want_logits)
+        return (*out, (kc, vc))
+
+    def _decode_step(self, ids, positions, state, k, want_logits):
+        *out, kc, vc, _ = self._decode(jnp.asarray(ids), jnp.asarray(positions), *state, k=k,
+                                       want_logits=want_logits)
+        return (*out, (kc, vc))
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 stop_ids: Sequence[int] = (), top_k: int = 5, want_logits: bool = False) -> list[Generation]:
+        self._check(prompts, max_new_tokens)
+        out: list[Generation] = []
+        for i in range(0, len(prompts), MAX_BATCH):
+            out.extend(greedy_batch(self._prefill_step, self._decode_step, prompts[i:i + MAX_BATCH],
+                                    max_new_tokens, {int(s) for s in stop_ids}, top_k, want_logits))
+        return out
+
+    def decode_forced(self, prompts: Sequence[Sequence[int]],
+                      continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Prefill (XLA), then every continuation token through the kernel; logits [N, V] per row."""
+        self._check([list(p) + list(x) for p, x in zip(prompts, continuations)], 1)
+        out: list[np.ndarray] = []
+        for i in range(0, len(prompts), MAX_BATCH):
+            out.extend(forced_batch(self._prefill_step, self._decode_step, prompts[i:i + MAX_BATCH],
+                                    continuations[i:i + MAX_BATCH]))
+        return out
+
+
+__all__ = ["MegakernelEngine", "FAULTS", "races_found", "tpu_interpret_params"]

@@ -1,0 +1,87 @@
+"""The megakernel's own math on arrays (used inside the kernel body and by its XLA prefill).
+
+Written separately from engines/reference on purpose: the judge and the judged share the Config
+and the weights, never the math. Formulations differ where it is natural: RoPE is one matmul with
+a signed permutation (Mosaic-friendly, no strided slices), routing picks experts by repeated
+masked max instead of top_k, attention is an online softmax over tiles.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+F32 = jnp.float32
+
+
+def mm(a: jax.Array, w: jax.Array) -> jax.Array:
+    """a @ w with a cast to the weight dtype (bf16 mode feeds bf16 to the MXU), f32 accumulation."""
+    return jnp.dot(a.astype(w.dtype), w, preferred_element_type=F32)
+
+
+def rmsnorm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """x [N, D] float32, w [1, D] float32."""
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope_tables(style: str, head_dim: int, n_heads: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """For rotating a row of n_heads heads at once: rot(x) = x*cos(p*f) + (x @ P)*sin(p*f).
+
+    P [n_heads*hd, n_heads*hd] is block-diagonal, one signed permutation per head that maps each
+    dimension onto its rotation partner; f [1, n_heads*hd] holds each dimension's frequency.
+    interleaved: partners (2i, 2i+1), frequency theta^(-2i/hd);
+    half:        partners (i, i+hd/2), frequency theta^(-2i/hd).
+    """
+    half = head_dim // 2
+    perm = np.zeros((head_dim, head_dim), np.float32)
+    freq = np.zeros(head_dim, np.float64)
+    for i in range(half):
+        a, b = (2 * i, 2 * i + 1) if style == "interleaved" else (i, i + half)
+        perm[b, a] = -1.0  # (x @ P)[a] = -x[b]
+        perm[a, b] = 1.0  # (x @ P)[b] = +x[a]
+        freq[a] = freq[b] = theta ** (-2.0 * i / head_dim)
+    big = np.kron(np.eye(n_heads, dtype=np.float32), perm)
+    return big, np.tile(freq, n_heads).astype(np.float32)[None, :]
+
+
+def rope(x: jax.Array, pos: jax.Array, perm: jax.Array, freq: jax.Array) -> jax.Array:
+    """x [N, heads*hd] float32, pos [N, 1] int32."""
+    ang = pos.astype(F32) * freq  # [N, heads*hd]
+    return x * jnp.cos(ang) + jnp.dot(x, perm, preferred_element_type=F32) * jnp.sin(ang)
+
+
+def swiglu(h: jax.Array, g: jax.Array, u: jax.Array, d: jax.Array) -> jax.Array:
+    a = mm(h, g)
+    return mm(a * jax.nn.sigmoid(a) * mm(h, u), d)
+
+
+def pick_experts(logits: jax.Array, bias: jax.Array, *, router: str, top_k: int, norm_topk: bool,
+                 scale: float, skip_first: bool = False) -> jax.Array:
+    """Dense gate weights [N, E] from router logits [N, E] (zero outside the chosen experts).
+
+    Chosen by repeated masked max (ties: lowest expert index). skip_first drops the best-ranked
+    expert and takes ranks 2..k+1 (the router_second_choice fault).
+    """
+    n, e = logits.shape
+    if router == "softmax":
+        z = logits - jnp.max(logits, axis=-1, keepdims=True)
+        scores = jnp.exp(z) / jnp.sum(jnp.exp(z), axis=-1, keepdims=True)
+        choice = scores
+    else:
+        scores = 1.0 / (1.0 + jnp.exp(-logits))
+        choice = scores + bias
+    iota = jax.lax.broadcasted_iota(jnp.int32, (n, e), 1)
+    chosen = jnp.zeros((n, e), F32)
+    remaining = choice
+    for rank in range(top_k + int(skip_first)):
+        best = jnp.max(remaining, axis=-1, keepdims=True)
+        first = jnp.min(jnp.where(remaining == best, iota, e), axis=-1, keepdims=True)
+        hit = iota == first
+        if not (skip_first and rank == 0):
+            chosen = jnp.where(hit, 1.0, chosen)
+        remaining = jnp.where(hit, -jnp.inf, remaining)
+    w = chosen * scores
+    if norm_topk:
+        w = w / jnp.sum(w, axis=-1, keepdims=True)
+    return w * scale

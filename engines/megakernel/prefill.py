@@ -1,0 +1,65 @@
+"""The megakernel engine's prefill, in XLA (as on TPU: the fused kernel is for decode).
+
+It writes the KV cache in the kernel's layout [L, B, K, S, hd] float32 so decode continues from
+any prompt. Its math is engines.megakernel.ops, not the reference's.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from engines.config import Config
+from engines.megakernel import ops
+
+F32 = jnp.float32
+
+
+def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: jax.Array, slots: int,
+                   want_taps: bool = False):
+    """tokens [B, T] (right-padded; padding never reaches a real position). Returns the residual
+    stream after the last layer [B, T, D] float32, k_cache, v_cache [L, B, K, slots, hd] and taps
+    [L, B, T, D] (or None)."""
+    B, T = tokens.shape
+    D, H, K, hd, L = c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.n_layers
+    G, Ld = H // K, c.n_dense_layers
+    x = embed[tokens].astype(F32).reshape(B * T, D)
+    pos = jnp.tile(jnp.arange(T, dtype=jnp.int32), B)[:, None]  # [B*T, 1]
+    kc = jnp.zeros((L, B, K, slots, hd), F32)
+    vc = jnp.zeros((L, B, K, slots, hd), F32)
+    causal = jnp.arange(T)[:, None] >= jnp.arange(T)[None, :]  # [Tq, Tk]
+    taps = []
+    for l in range(L):
+        h = ops.rmsnorm(x, hbm["attn_norm"][l], c.rms_eps)
+        q, k, v = ops.mm(h, hbm["wq"][l]), ops.mm(h, hbm["wk"][l]), ops.mm(h, hbm["wv"][l])
+        if c.qk_norm:
+            q = ops.rmsnorm(q.reshape(-1, hd), hbm["q_norm"][l], c.rms_eps).reshape(B * T, H * hd)
+            k = ops.rmsnorm(k.reshape(-1, hd), hbm["k_norm"][l], c.rms_eps).reshape(B * T, K * hd)
+        q = ops.rope(q, pos, rope["perm_q"], rope["freq_q"]).reshape(B, T, H, hd)
+        k = ops.rope(k, pos, rope["perm_k"], rope["freq_k"]).reshape(B, T, K, hd)
+        v = v.reshape(B, T, K, hd)
+        kc = kc.at[l, :, :, :T].set(k.transpose(0, 2, 1, 3))
+        vc = vc.at[l, :, :, :T].set(v.transpose(0, 2, 1, 3))
+        kr, vr = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)  # head h reads kv head h // G
+        sc = jnp.einsum("bqhd,bkhd->bhqk", q, kr, preferred_element_type=F32) / (hd ** 0.5)
+        sc = jnp.where(causal, sc, -jnp.inf)
+        pr = jnp.exp(sc - jnp.max(sc, axis=-1, keepdims=True))
+        pr = pr / jnp.sum(pr, axis=-1, keepdims=True)
+        o = jnp.einsum("bhqk,bkhd->bqhd", pr, vr, preferred_element_type=F32).reshape(B * T, H * hd)
+        x = x + ops.mm(o, hbm["wo"][l])
+        h = ops.rmsnorm(x, hbm["mlp_norm"][l], c.rms_eps)
+        if l < Ld:
+            x = x + ops.swiglu(h, hbm["gate"][l], hbm["up"][l], hbm["down"][l])
+        else:
+            m = l - Ld
+            gates = ops.pick_experts(jnp.dot(h, hbm["router"][m], preferred_element_type=F32),
+                                     hbm["router_bias"][m], router=c.router, top_k=c.top_k,
+                                     norm_topk=c.norm_topk, scale=c.routed_scale)
+            for e in range(c.n_experts):
+                x = x + gates[:, e:e + 1] * ops.swiglu(h, hbm["e_gate"][m, e], hbm["e_up"][m, e],
+                                                       hbm["e_down"][m, e])
+            if c.n_shared_experts:
+                x = x + ops.swiglu(h, hbm["s_gate"][m], hbm["s_up"][m], hbm["s_down"][m])
+        if want_taps:
+            taps.append(x.reshape(B, T, D))
+    return x.reshape(B, T, D), kc, vc, (jnp.stack(taps) if want_taps else None)
