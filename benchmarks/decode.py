@@ -1,11 +1,12 @@
-"""Decode benchmark for the reference engine on smollm2-135m float32 (prints figures, asserts nothing).
+"""Decode benchmark on smollm2-135m float32: reference vs megakernel (prints figures, asserts nothing).
 
-    python benchmarks/decode.py [--steps N]
+    python benchmarks/decode.py [--steps N] [--json]
 
-Figures: the machine's read bandwidth (measured here, same run), the batch-1 floor (weight bytes
-per step / bandwidth), decode ms/token at batch 1 and its ratio to the floor, tokens/s at batch 8
-and 32 and their ratio to batch 1, prefill tokens/s, and the number of compilations during the
-timed decode loop (must be 0: shapes are bucketed).
+Figures, all measured in the same run: the machine's read bandwidth, the batch-1 floor (weight
+bytes per step / bandwidth), the reference's decode ms/token at batch 1 (ratio to the floor) and
+tokens/s at batch 8 and 32 (ratio to batch 1), prefill tokens/s, the megakernel's (generic
+interpret) ms/step at batch 1 and 8 with its ratio to the reference, TPU-interpret seconds per
+step on the mini configs, and the number of compilations inside the timed loops (must be 0).
 """
 
 from __future__ import annotations
@@ -15,42 +16,40 @@ import json
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 
 def read_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 5) -> float:
-    """Best-of-N GB/s of summing a float32 array far larger than any cache (numpy, all cores)."""
+    """Best-of-N GB/s of summing a float32 array far larger than any cache (numpy)."""
     a = np.ones(nbytes // 4, np.float32)
     a.sum()
-    best = min(_timed(lambda: a.sum()) for _ in range(repeats))
+    best = min(_timed(a.sum) for _ in range(repeats))
     return nbytes / best / 1e9
 
 
 def _timed(fn) -> float:
     t = time.perf_counter()
-    out = fn()
-    jax.block_until_ready(out) if isinstance(out, jax.Array | tuple) else None
+    jax.block_until_ready(fn())
     return time.perf_counter() - t
 
 
-def decode_seconds(eng, batch: int, steps: int, slots: int = 256) -> tuple[float, int]:
-    """Median seconds per decode step at a batch size (cache of `slots` positions, 32 filled)."""
-    kc, vc = eng.new_cache(batch, slots)
-    tok = jnp.zeros((batch,), jnp.int32)
-    pos = jnp.full((batch,), 32, jnp.int32)
-    out = eng._decode(eng.params, tok, pos, kc, vc, k=5, want_logits=False)  # compile
-    jax.block_until_ready(out)
-    kc, vc = out[-2:]
-    compiles_before = eng._decode._cache_size()
+def step_seconds(eng, batch: int, steps: int, slots: int = 256) -> tuple[float, int]:
+    """Median seconds of one decode step through the engine's step function, and compilations
+    that happened inside the timed loop."""
+    tokens = np.full((batch, 16), 100, np.int32)
+    lengths = np.full((batch,), 16, np.int32)
+    *out, state = eng._prefill_step(tokens, lengths, slots, 5, False)
+    ids = np.asarray(out[0])
+    *out, state = eng._decode_step(ids, lengths, state, 5, False)  # compile
+    jax.block_until_ready(out[0])
+    before = eng._decode._cache_size()
     times = []
     for i in range(steps):
         t = time.perf_counter()
-        out = eng._decode(eng.params, out[0], pos + i, kc, vc, k=5, want_logits=False)
-        jax.block_until_ready(out)
+        *out, state = eng._decode_step(ids, lengths + 1 + i, state, 5, False)
+        jax.block_until_ready(out[0])
         times.append(time.perf_counter() - t)
-        kc, vc = out[-2:]
-    return float(np.median(times)), eng._decode._cache_size() - compiles_before
+    return float(np.median(times)), eng._decode._cache_size() - before
 
 
 def main() -> None:
@@ -59,42 +58,58 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
+    from engines.megakernel import MegakernelEngine
     from engines.reference import ReferenceEngine
     from evalsuite.registry import load_model
 
     m = load_model("smollm2-135m")
-    eng = ReferenceEngine(m.weights, "float32")
+    ref = ReferenceEngine(m.weights, "float32")
+    mk = MegakernelEngine(m.weights, "float32")
     bw = read_bandwidth_gbs()
-    weight_bytes = m.weights.nbytes
-    floor_ms = weight_bytes / (bw * 1e9) * 1e3
-    r = {"model": "smollm2-135m", "dtype": "float32", "read_bandwidth_GBps": bw,
-         "weight_bytes": weight_bytes, "floor_ms_per_token_b1": floor_ms}
-    b1, c1 = decode_seconds(eng, 1, args.steps)
-    r["decode_ms_per_token_b1"] = b1 * 1e3
-    r["ratio_to_floor_b1"] = b1 * 1e3 / floor_ms
-    r["recompiles_in_decode_loop"] = c1
+    floor_ms = m.weights.nbytes / (bw * 1e9) * 1e3
+    r: dict = {"model": "smollm2-135m", "dtype": "float32", "read_bandwidth_GBps": bw,
+               "weight_bytes": m.weights.nbytes, "floor_ms_per_token_b1": floor_ms, "recompiles": 0}
+    ref_s = {}
+    for b in (1, 8, 32):
+        s, c = step_seconds(ref, b, args.steps)
+        ref_s[b] = s
+        r[f"ref_ms_per_step_b{b}"] = s * 1e3
+        r[f"ref_tokens_per_s_b{b}"] = b / s
+        r["recompiles"] += c
+    r["ref_ratio_to_floor_b1"] = ref_s[1] * 1e3 / floor_ms
     for b in (8, 32):
-        s, c = decode_seconds(eng, b, args.steps)
-        r[f"tokens_per_s_b{b}"] = b / s
-        r[f"ratio_b{b}_vs_b1_tokens_per_s"] = (b / s) / (1 / b1)
-        r["recompiles_in_decode_loop"] += c
+        r[f"ref_tokens_per_s_ratio_b{b}_vs_b1"] = (b / ref_s[b]) * ref_s[1]
     prompt = np.random.default_rng(0).integers(100, 40000, size=256).tolist()
-    eng.generate([prompt], 1)  # compile the 256 bucket
-    t = min(_timed(lambda: eng.generate([prompt], 1)) for _ in range(3))
-    r["prefill_tokens_per_s_256"] = 256 / t
+    ref.generate([prompt], 1)  # compile the 256 bucket
+    r["ref_prefill_tokens_per_s_256"] = 256 / min(_timed(lambda: ref.generate([prompt], 1)[0].top_ids)
+                                                  for _ in range(3))
+    for b in (1, 8):
+        s, c = step_seconds(mk, b, max(5, args.steps // 3))
+        r[f"mk_ms_per_step_b{b}"] = s * 1e3
+        r[f"mk_ratio_vs_ref_b{b}"] = s / ref_s[b]
+        r["recompiles"] += c
+    for name in ("mini-llama", "mini-moe"):
+        tpu = MegakernelEngine(load_model(name).weights, interpret="tpu")
+        s, _ = step_seconds(tpu, 1, 3, slots=64)
+        r[f"tpu_interpret_s_per_step_{name}"] = s
     if args.json:
         print(json.dumps(r, indent=1))
         return
-    print(f"read bandwidth            {bw:8.1f} GB/s (numpy sum of 1 GiB, best of 5)")
-    print(f"weights                   {weight_bytes / 1e6:8.1f} MB float32")
-    print(f"floor, batch 1            {floor_ms:8.1f} ms/token")
-    print(f"decode, batch 1           {r['decode_ms_per_token_b1']:8.1f} ms/token  "
-          f"({r['ratio_to_floor_b1']:.2f}x floor; target <= 1.6x)")
+    print(f"read bandwidth                 {bw:8.1f} GB/s (numpy sum of 1 GiB, best of 5)")
+    print(f"weights                        {m.weights.nbytes / 1e6:8.1f} MB float32")
+    print(f"floor, batch 1                 {floor_ms:8.1f} ms/token")
+    print(f"reference decode, batch 1      {r['ref_ms_per_step_b1']:8.1f} ms/token "
+          f"({r['ref_ratio_to_floor_b1']:.2f}x floor; target <= 1.6x)")
     for b in (8, 32):
-        print(f"decode, batch {b:<2}          {r[f'tokens_per_s_b{b}']:8.1f} tokens/s "
-              f"({r[f'ratio_b{b}_vs_b1_tokens_per_s']:.1f}x batch 1)")
-    print(f"prefill 256 tokens        {r['prefill_tokens_per_s_256']:8.1f} tokens/s")
-    print(f"recompiles in decode loop {r['recompiles_in_decode_loop']:8d}")
+        print(f"reference decode, batch {b:<2}     {r[f'ref_tokens_per_s_b{b}']:8.1f} tokens/s "
+              f"({r[f'ref_tokens_per_s_ratio_b{b}_vs_b1']:.1f}x batch 1; target at 32: >= 10x)")
+    print(f"reference prefill, 256 tokens  {r['ref_prefill_tokens_per_s_256']:8.1f} tokens/s")
+    for b in (1, 8):
+        print(f"megakernel decode, batch {b}     {r[f'mk_ms_per_step_b{b}']:8.1f} ms/step "
+              f"({r[f'mk_ratio_vs_ref_b{b}']:.2f}x reference; target <= 2x)")
+    for name in ("mini-llama", "mini-moe"):
+        print(f"TPU interpret, {name:<10}      {r[f'tpu_interpret_s_per_step_{name}']:8.3f} s/step (batch 1)")
+    print(f"recompiles in timed loops      {r['recompiles']:8d}")
 
 
 if __name__ == "__main__":

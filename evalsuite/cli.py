@@ -68,7 +68,9 @@ def models(as_json: bool) -> None:
 @click.option("--top-logprobs", default=5, show_default=True, type=click.IntRange(1, 100))
 @click.option("--dtype", default="float32", show_default=True,
               type=click.Choice(["float32", "bfloat16"]))
-@click.option("--fault", default=None, help="Megakernel fault injection (self-test aid).")
+@click.option("--fault", default=None,
+              help="Megakernel fault injection, a self-test aid: rope_off_by_one, kv_stale, drop_layer, "
+                   "bf16_residual, router_second_choice (MoE only).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def generate(engine, model, prompt, chat, max_new_tokens, no_stop, top_logprobs, dtype, fault,
              as_json) -> None:

@@ -5,15 +5,23 @@ from __future__ import annotations
 from engines.errors import ModelError
 from evalsuite.registry import Model
 
-ENGINES = ("reference",)
+ENGINES = ("reference", "megakernel")
 
 
 def make_engine(name: str, model: Model, dtype: str = "float32", fault: str | None = None):
-    """An object implementing engines.base.Engine."""
+    """An object implementing engines.base.Engine. fault: megakernel self-test aid (off by default)."""
     if name == "reference":
         if fault:
             raise ModelError("--fault applies to the megakernel engine only")
         from engines.reference import ReferenceEngine
 
         return ReferenceEngine(model.weights, dtype)
-    raise ModelError(f"unknown engine {name!r}; expected one of {', '.join(ENGINES)}")
+    if name == "megakernel":
+        from engines.megakernel import MegakernelEngine
+
+        return MegakernelEngine(model.weights, dtype, fault=fault)
+    import difflib
+
+    close = difflib.get_close_matches(name, ENGINES, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ModelError(f"unknown engine {name!r}{hint} (expected one of {', '.join(ENGINES)})")

@@ -19,7 +19,7 @@ from engines.weights import Weights
 
 F32 = jnp.float32
 MAX_BATCH = 8  # the kernel's rows per call (each row at its own position)
-ATTN_TILE = 64  # cache positions per online-softmax step (or all slots when fewer)
+ATTN_TILE = 128  # cache positions per online-softmax step (or all slots when fewer)
 INTERPRET_MODES = ("generic", "tpu")
 KEEP_F32 = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "router", "router_bias")  # tiny, precision-critical
 
@@ -167,6 +167,25 @@ class MegakernelEngine:
             out.extend(forced_batch(self._prefill_step, self._decode_step, prompts[i:i + MAX_BATCH],
                                     continuations[i:i + MAX_BATCH]))
         return out
+
+    def step_taps(self, prompts: Sequence[Sequence[int]], next_ids: Sequence[int]) -> np.ndarray:
+        """Prefill each prompt, then run ONE kernel step on next_ids with taps on.
+        Returns [rows, L, D]: the residual stream after each layer at the new position."""
+        self._check([list(p) + [t] for p, t in zip(prompts, next_ids)], 1)
+        n = len(prompts)
+        B = next_pow2(n)
+        lengths = np.array([len(p) for p in prompts] + [1] * (B - n), np.int32)
+        Tb = next_pow2(int(lengths.max()), MIN_PREFILL_BUCKET)
+        S = next_pow2(max(Tb, int(lengths.max()) + 1))
+        tokens = np.zeros((B, Tb), np.int32)
+        for r, p in enumerate(prompts):
+            tokens[r, :len(p)] = p
+        ids = np.zeros(B, np.int32)
+        ids[:n] = next_ids
+        *_, kc, vc = self._prefill(jnp.asarray(tokens), jnp.asarray(lengths), slots=S, k=1, want_logits=False)
+        *_, taps = self._decode(jnp.asarray(ids), jnp.asarray(lengths), kc, vc, k=1, want_logits=False,
+                                want_taps=True)
+        return np.asarray(taps).transpose(1, 0, 2)[:n]
 
 
 __all__ = ["MegakernelEngine", "FAULTS", "races_found", "tpu_interpret_params"]

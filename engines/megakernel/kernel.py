@@ -49,6 +49,18 @@ def moe_keys(c: Config) -> tuple[str, ...]:
     return ("router", "router_bias", "e_gate", "e_up", "e_down") + shared
 
 
+def online_softmax_step(mla, scores, values):
+    """Fold one tile into a running softmax: mla = (max [n,G,1], sum [n,G,1], acc [n,G,hd]);
+    scores [n, G, TS] (-inf where masked), values [n, TS, hd]."""
+    m, lsum, acc = mla
+    m_new = jnp.maximum(m, jnp.max(scores, axis=-1, keepdims=True))
+    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # a fully masked tile adds nothing
+    alpha = jnp.exp(m - m_safe)
+    pr = jnp.exp(scores - m_safe)
+    return (m_new, lsum * alpha + jnp.sum(pr, axis=-1, keepdims=True),
+            acc * alpha + jnp.einsum("nqk,nkd->nqd", pr, values, preferred_element_type=F32))
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """Static facts of one compiled decode step."""
@@ -87,13 +99,20 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
         kc_in, vc_in = refs[i:i + 2]
         x_out, kc_out, vc_out, taps_out = refs[i + 2:i + 6]
         i += 6
-        buf = dict(zip(streamed, refs[i:i + len(streamed)]))
-        i += len(streamed)
-        sem_w, kbuf, vbuf, sem_kv, sem_wb, attn_buf = refs[i:i + 6]
-        del kc_in, vc_in  # aliased to kc_out/vc_out: all reads and writes go through the outputs
+        # One scratch buffer per (slot, array): a layer reads whole refs, never a slice of a
+        # stacked [2, ...] buffer (in the generic interpreter that slice is an extra copy).
+        buf = []
+        for _ in range(nb):
+            buf.append(dict(zip(streamed, refs[i:i + len(streamed)])))
+            i += len(streamed)
+        sem_w, kbuf, vbuf, sem_kv, sem_wb, attn_buf, newk, newv = refs[i:i + 8]
+        # kc_in/vc_in alias kc_out/vc_out (one HBM buffer on a TPU). Layer l's cache is read
+        # through the input ref and its new slot written through the output ref, after the read
+        # completed. (Reading through the output ref made the generic interpreter copy the whole
+        # cache on every write-back: 5x slower at batch 8.)
 
         def copies(keys, idx, slot):
-            return [pltpu.make_async_copy(w[k].at[idx], buf[k].at[slot], sem_w.at[slot, streamed.index(k)])
+            return [pltpu.make_async_copy(w[k].at[idx], buf[slot][k], sem_w.at[slot, streamed.index(k)])
                     for k in keys]
 
         def start(keys, idx, slot):
@@ -109,118 +128,101 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
         x_out[...] = x_in[...]
         scale = 1.0 / (hd ** 0.5)
 
-        def layer(l, carry):
-            s = l % nb
-            k_load = pltpu.make_async_copy(kc_out.at[l], kbuf, sem_kv.at[0])
-            v_load = pltpu.make_async_copy(vc_out.at[l], vbuf, sem_kv.at[1])
+        def layer(l, s):
+            """Layer l (traced) whose weights sit in buffer slot s (static: l % nb)."""
+            nxt = (s + 1) % nb
+            b_ = buf[s]
+            k_load = pltpu.make_async_copy(kc_in.at[l], kbuf, sem_kv.at[0])
+            v_load = pltpu.make_async_copy(vc_in.at[l], vbuf, sem_kv.at[1])
             k_load.start()
             v_load.start()
             wait(ak, l, s)
 
             @pl.when(l + 1 < L)
             def _():
-                start(ak, l + 1, (l + 1) % nb)
+                start(ak, l + 1, nxt)
 
             x = x_out[...]
-            h = ops.rmsnorm(x, buf["attn_norm"][s], c.rms_eps)
-            q = ops.mm(h, buf["wq"][s])  # [B, H*hd]
-            k = ops.mm(h, buf["wk"][s])  # [B, K*hd]
-            v = ops.mm(h, buf["wv"][s])
+            h = ops.rmsnorm(x, b_["attn_norm"][...], c.rms_eps)
+            q = ops.mm(h, b_["wq"][...])  # [B, H*hd]
+            k = ops.mm(h, b_["wk"][...])  # [B, K*hd]
+            v = ops.mm(h, b_["wv"][...])
             if c.qk_norm:
-                q = ops.rmsnorm(q.reshape(B * H, hd), buf["q_norm"][s], c.rms_eps).reshape(B, H * hd)
-                k = ops.rmsnorm(k.reshape(B * K, hd), buf["k_norm"][s], c.rms_eps).reshape(B, K * hd)
+                q = ops.rmsnorm(q.reshape(B * H, hd), b_["q_norm"][...], c.rms_eps).reshape(B, H * hd)
+                k = ops.rmsnorm(k.reshape(B * K, hd), b_["k_norm"][...], c.rms_eps).reshape(B, K * hd)
             rpos = pos_v[...] + (1 if spec.fault == "rope_off_by_one" else 0)  # [B, 1]
             q = ops.rope(q, rpos, perm_q[...], freq_q[...])
             k = ops.rope(k, rpos, perm_k[...], freq_k[...])
             k_load.wait()
             v_load.wait()
 
-            def append_new_kv():
-                for b in range(B):
-                    for kh in range(K):
-                        kbuf[b, kh, pl.ds(pos_s[b], 1), :] = k[b:b + 1, kh * hd:(kh + 1) * hd]
-                        vbuf[b, kh, pl.ds(pos_s[b], 1), :] = v[b:b + 1, kh * hd:(kh + 1) * hd]
-
-            if spec.fault != "kv_stale":  # the fault: attention reads the cache before the append
-                append_new_kv()
-            for b in range(B):
-                p = pos_s[b]
-                for kh in range(K):
-                    qg = jnp.concatenate([q[b:b + 1, (kh * G + g) * hd:(kh * G + g + 1) * hd]
-                                          for g in range(G)], axis=0) * scale  # [G, hd]
-
-                    def tile(t, mla, b=b, kh=kh, qg=qg, p=p):
-                        m, lsum, acc = mla
-                        kt = kbuf[b, kh, pl.ds(t * TS, TS), :]  # [TS, hd]
-                        vt = vbuf[b, kh, pl.ds(t * TS, TS), :]
-                        sc = jax.lax.dot_general(qg, kt, (((1,), (1,)), ((), ())),
-                                                 preferred_element_type=F32)  # [G, TS]
-                        col = t * TS + jax.lax.broadcasted_iota(jnp.int32, (G, TS), 1)
-                        sc = jnp.where(col <= p, sc, -jnp.inf)
-                        m_new = jnp.maximum(m, jnp.max(sc, axis=-1, keepdims=True))
-                        alpha = jnp.exp(m - m_new)
-                        pr = jnp.exp(sc - m_new)
-                        lsum = lsum * alpha + jnp.sum(pr, axis=-1, keepdims=True)
-                        acc = acc * alpha + jnp.dot(pr, vt, preferred_element_type=F32)
-                        return m_new, lsum, acc
-
-                    init = (jnp.full((G, 1), -jnp.inf, F32), jnp.zeros((G, 1), F32), jnp.zeros((G, hd), F32))
-                    _, lsum, acc = jax.lax.fori_loop(0, p // TS + 1, tile, init)
-                    out = acc / lsum
-                    for g in range(G):
-                        attn_buf[b:b + 1, pl.ds((kh * G + g) * hd, hd)] = out[g:g + 1]
-            if spec.fault == "kv_stale":
-                append_new_kv()
+            # The new token's K/V: staged in VMEM for the write-back DMA, and attended to as the
+            # last term of the online softmax (the cache tiles cover positions < p only), so the
+            # VMEM copy of the cache is never written.
+            newk[...] = k.reshape(B, K, 1, hd)
+            newv[...] = v.reshape(B, K, 1, hd)
+            # Attention for all rows and kv heads at once, n = B*K groups of G query heads,
+            # streaming the cache in tiles of TS positions under an online softmax. The tile loop
+            # is static: a traced loop here made the generic interpreter carry (and copy) every
+            # scratch buffer per iteration, 5x slower at batch 8.
+            qg = q.reshape(B * K, G, hd) * scale  # head kh*G + g of row b -> group b*K + kh, row g
+            row_pos = jnp.repeat(pos_v[...], K, axis=0)[:, :, None]  # [n, 1, 1]
+            mla = (jnp.full((B * K, G, 1), -jnp.inf, F32), jnp.zeros((B * K, G, 1), F32),
+                   jnp.zeros((B * K, G, hd), F32))
+            for t in range(S // TS):
+                kt = kbuf[:, :, pl.ds(t * TS, TS), :].reshape(B * K, TS, hd)
+                vt = vbuf[:, :, pl.ds(t * TS, TS), :].reshape(B * K, TS, hd)
+                sc = jnp.einsum("nqd,nkd->nqk", qg, kt, preferred_element_type=F32)  # [n, G, TS]
+                col = t * TS + jax.lax.broadcasted_iota(jnp.int32, (B * K, G, TS), 2)
+                mla = online_softmax_step(mla, jnp.where(col < row_pos, sc, -jnp.inf), vt)
+            if spec.fault != "kv_stale":  # the fault: the newest entry is never attended to
+                kn = k.reshape(B * K, 1, hd)
+                sc = jnp.einsum("nqd,nkd->nqk", qg, kn, preferred_element_type=F32)  # [n, G, 1]
+                mla = online_softmax_step(mla, sc, v.reshape(B * K, 1, hd))
+            _, lsum, acc = mla
+            out = jnp.where(lsum > 0, acc / jnp.maximum(lsum, 1e-30), 0.0)  # [n, G, hd]
+            attn_buf[...] = out.reshape(B, H * hd)
             write_back = []
             for b in range(B):
-                for j, (src, dst) in enumerate(((kbuf, kc_out), (vbuf, vc_out))):
-                    cp = pltpu.make_async_copy(src.at[b, :, pl.ds(pos_s[b], 1), :],
-                                               dst.at[l, b, :, pl.ds(pos_s[b], 1), :], sem_wb.at[j, b])
+                for j, (src, dst) in enumerate(((newk, kc_out), (newv, vc_out))):
+                    cp = pltpu.make_async_copy(src.at[b], dst.at[l, b, :, pl.ds(pos_s[b], 1), :],
+                                               sem_wb.at[j, b])
                     cp.start()
                     write_back.append(cp)
-            x = x + ops.mm(attn_buf[...], buf["wo"][s])
-            h = ops.rmsnorm(x, buf["mlp_norm"][s], c.rms_eps)
+            x = x + ops.mm(attn_buf[...], b_["wo"][...])
+            h = ops.rmsnorm(x, b_["mlp_norm"][...], c.rms_eps)
             keep = (l != spec.fault_layer) if spec.fault == "drop_layer" else True
+
+            @pl.when(l + 1 < Ld)
+            def _():
+                start(dk, l + 1, nxt)
+
+            if Lm:
+                @pl.when((l + 1 >= Ld) & (l + 1 < L))
+                def _():
+                    start(mk, l + 1 - Ld, nxt)
 
             if Ld:
                 @pl.when(l < Ld)
                 def _():
-                    ds_ = l % nb
-                    wait(dk, l, ds_)
-
-                    @pl.when(l + 1 < Ld)
-                    def _():
-                        start(dk, l + 1, (l + 1) % nb)
-
-                    if Lm:
-                        @pl.when(l + 1 == Ld)
-                        def _():
-                            start(mk, 0, 0)
-
-                    y = ops.swiglu(h, buf["gate"][ds_], buf["up"][ds_], buf["down"][ds_])
+                    wait(dk, l, s)
+                    y = ops.swiglu(h, b_["gate"][...], b_["up"][...], b_["down"][...])
                     x_out[...] = x + jnp.where(keep, y, 0.0)
 
             if Lm:
                 @pl.when(l >= Ld)
                 def _():
-                    m = l - Ld
-                    ms = m % nb
-                    wait(mk, m, ms)
-
-                    @pl.when(m + 1 < Lm)
-                    def _():
-                        start(mk, m + 1, (m + 1) % nb)
-
-                    logits = jnp.dot(h, buf["router"][ms], preferred_element_type=F32)  # [B, E]
-                    gates = ops.pick_experts(logits, buf["router_bias"][ms], router=c.router,
+                    wait(mk, l - Ld, s)
+                    logits = jnp.dot(h, b_["router"][...], preferred_element_type=F32)  # [B, E]
+                    gates = ops.pick_experts(logits, b_["router_bias"][...], router=c.router,
                                              top_k=c.top_k, norm_topk=c.norm_topk, scale=c.routed_scale,
                                              skip_first=spec.fault == "router_second_choice")
                     y = jnp.zeros((B, D), F32)
                     for e in range(c.n_experts):
-                        y = y + gates[:, e:e + 1] * ops.swiglu(h, buf["e_gate"][ms, e], buf["e_up"][ms, e],
-                                                               buf["e_down"][ms, e])
+                        y = y + gates[:, e:e + 1] * ops.swiglu(h, b_["e_gate"][e], b_["e_up"][e],
+                                                               b_["e_down"][e])
                     if c.n_shared_experts:
-                        y = y + ops.swiglu(h, buf["s_gate"][ms], buf["s_up"][ms], buf["s_down"][ms])
+                        y = y + ops.swiglu(h, b_["s_gate"][...], b_["s_up"][...], b_["s_down"][...])
                     x_out[...] = x + jnp.where(keep, y, 0.0)
 
             if spec.fault == "bf16_residual":
@@ -229,9 +231,22 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 taps_out[pl.ds(l, 1), :, :] = x_out[...][None]
             for cp in write_back:
                 cp.wait()
-            return carry
 
-        jax.lax.fori_loop(0, L, layer, 0)
+        if nb == 2:  # layers in pairs so that each one's buffer slot is static
+            def pair(j, carry):
+                layer(2 * j, 0)
+                layer(2 * j + 1, 1)
+                return carry
+
+            jax.lax.fori_loop(0, L // 2, pair, 0)
+            if L % 2:
+                layer(L - 1, 0)
+        else:
+            def single(l, carry):
+                layer(l, 0)
+                return carry
+
+            jax.lax.fori_loop(0, L, single, 0)
 
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
@@ -239,11 +254,11 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     in_specs = [smem] + [vmem] * 6 + [any_spec] * len(streamed) + [any_spec, any_spec]
     out_specs = (vmem, any_spec, any_spec, vmem)
     n_in = len(in_specs)
-    scratch = [pltpu.VMEM((nb,) + hbm[k].shape[1:], hbm[k].dtype) for k in streamed]
+    scratch = [pltpu.VMEM(hbm[k].shape[1:], hbm[k].dtype) for _ in range(nb) for k in streamed]
     scratch += [pltpu.SemaphoreType.DMA((nb, len(streamed))),
                 pltpu.VMEM((B, K, S, hd), F32), pltpu.VMEM((B, K, S, hd), F32),
                 pltpu.SemaphoreType.DMA((2,)), pltpu.SemaphoreType.DMA((2, B)),
-                pltpu.VMEM((B, H * hd), F32)]
+                pltpu.VMEM((B, H * hd), F32), pltpu.VMEM((B, K, 1, hd), F32), pltpu.VMEM((B, K, 1, hd), F32)]
     out_shape = (jax.ShapeDtypeStruct((B, D), F32), jax.ShapeDtypeStruct(k_cache.shape, F32),
                  jax.ShapeDtypeStruct(v_cache.shape, F32),
                  jax.ShapeDtypeStruct((L if spec.want_taps else 1, B, D), F32))

@@ -55,12 +55,15 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array) -> jax
     K, S = k.shape[1], k.shape[2]
     G = H // K  # query head h uses kv head h // G
     qg = q.reshape(B, T, K, G, hd).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, hd)
-    scores = jnp.einsum("bkqd,bksd->bkqs", qg, k, preferred_element_type=f32) / jnp.sqrt(f32(hd))
+    # Attention runs in float32 whatever the activation dtype (XLA on CPU has no bf16 x bf16 -> f32
+    # batched dot, and the cache is small next to the weights).
+    qg, k, v = qg.astype(f32), k.astype(f32), v.astype(f32)
+    scores = jnp.einsum("bkqd,bksd->bkqs", qg, k) / jnp.sqrt(f32(hd))
     visible = jnp.arange(S)[None, None, :] <= q_pos[:, :, None]  # [B, T, S]
     visible = jnp.broadcast_to(visible[:, None, None], (B, 1, G, T, S)).reshape(B, 1, G * T, S)
     scores = jnp.where(visible, scores, -jnp.inf)
     probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("bkqs,bksd->bkqd", probs.astype(v.dtype), v, preferred_element_type=f32)
+    out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
     out = out.reshape(B, K, G, T, hd).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, hd]
     return out.reshape(B, T, H * hd).astype(q.dtype)
 
@@ -100,9 +103,12 @@ def route(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -> jax.Ar
 def moe(x: jax.Array, p: dict, m: int, c: Config) -> jax.Array:
     """Routed experts (every expert evaluated, weighted by route's sparse weights) + shared expert."""
     gates = route(x, p["router"][m], p["router_bias"][m], c)  # [B, T, E]
-    h = (jax.nn.silu(jnp.einsum("btd,edf->btef", x, p["e_gate"][m], preferred_element_type=f32))
-         * jnp.einsum("btd,edf->btef", x, p["e_up"][m], preferred_element_type=f32)).astype(x.dtype)
-    y = jnp.einsum("btef,efd->bted", h, p["e_down"][m], preferred_element_type=f32)
+    # Operands widened to float32: exactly the products of bf16 inputs with f32 accumulation, and
+    # XLA on CPU has no bf16 x bf16 -> f32 kernel for these batched contractions.
+    x32 = x.astype(f32)
+    h = (jax.nn.silu(jnp.einsum("btd,edf->btef", x32, p["e_gate"][m].astype(f32)))
+         * jnp.einsum("btd,edf->btef", x32, p["e_up"][m].astype(f32))).astype(x.dtype)
+    y = jnp.einsum("btef,efd->bted", h.astype(f32), p["e_down"][m].astype(f32))
     out = jnp.einsum("bte,bted->btd", gates, y).astype(x.dtype)
     if c.n_shared_experts:
         out = out + swiglu(x, p["s_gate"][m], p["s_up"][m], p["s_down"][m])

@@ -1,0 +1,157 @@
+"""The megakernel against the reference (rung 3 of the ladder), and its DMA discipline."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+
+from engines.megakernel import FAULTS, MegakernelEngine
+from engines.megakernel.engine import races_found
+from engines.reference import ReferenceEngine
+
+# all-f32 kernel vs all-f32 reference, 16 kernel steps: measured max |Δlogit| 7.2e-6 (mini-llama)
+# and 1.9e-5 (mini-moe); the bound is the issue's.
+F32_LOGIT_TOL = 1e-4
+# bf16 kernel (bf16 weights, f32 accumulation and residual) vs the f32 reference: measured max
+# |Δlogit| 0.082 (mini-llama) and 0.26 (mini-moe, outside routing flips) on logits of range ~60.
+BF16_LOGIT_TOL = 0.5
+# mini-moe in bf16: a near-tied routing decision can flip to another expert, a discrete change
+# (one position of 68 measured, |Δlogit| 15.7). Such positions may exceed BF16_LOGIT_TOL, at most
+# this share of them; everywhere else the bound and the argmax rule hold.
+MOE_FLIP_SHARE = 0.03
+# Residual stream after each layer at one kernel step vs the reference's hidden states (f32):
+# measured max 1.5e-6 (mini-moe) on values of order 1-10.
+TAPS_TOL = 1e-4
+N_STEPS = 16
+
+
+def _data(model, batch: int, seed: int):
+    rng = np.random.default_rng(seed)
+    lengths = [11, 30, 7, 19][:batch]
+    prompts = [rng.integers(3, 259, size=n).tolist() for n in lengths]
+    conts = [rng.integers(3, 259, size=N_STEPS + 1).tolist() for _ in prompts]
+    return prompts, conts
+
+
+@pytest.fixture(scope="module")
+def engines(mini_llama, mini_moe):
+    out = {}
+    for m in (mini_llama, mini_moe):
+        out[m.name] = {"ref": ReferenceEngine(m.weights), "f32": MegakernelEngine(m.weights),
+                       "bf16": MegakernelEngine(m.weights, "bfloat16")}
+    return out
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("name", ["mini-llama", "mini-moe"])
+def test_teacher_forced_f32(engines, name, batch, request):
+    prompts, conts = _data(request.getfixturevalue(name.replace("-", "_")), batch, seed=batch)
+    ref = engines[name]["ref"].decode_forced(prompts, conts)
+    got = engines[name]["f32"].decode_forced(prompts, conts)  # row 0: XLA prefill; rows 1..16: kernel
+    worst = max(float(np.abs(a - b).max()) for a, b in zip(ref, got))
+    print(f"{name} b={batch} f32 max|Δlogit| {worst:.2e}")
+    assert worst <= F32_LOGIT_TOL
+    for a, b in zip(ref, got):
+        assert (a.argmax(-1) == b.argmax(-1)).all()
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("name", ["mini-llama", "mini-moe"])
+def test_teacher_forced_bf16(engines, name, batch, request):
+    prompts, conts = _data(request.getfixturevalue(name.replace("-", "_")), batch, seed=batch)
+    ref = np.concatenate(engines[name]["ref"].decode_forced(prompts, conts))
+    got = np.concatenate(engines[name]["bf16"].decode_forced(prompts, conts))
+    delta = np.abs(ref - got).max(-1)  # per position
+    over = delta > BF16_LOGIT_TOL
+    print(f"{name} b={batch} bf16 max|Δlogit| {delta.max():.3f}, {over.sum()}/{len(delta)} over tol")
+    assert over.mean() <= (MOE_FLIP_SHARE if name == "mini-moe" else 0.0)
+    top2 = -np.sort(-ref, axis=-1)[:, :2]
+    decisive = (top2[:, 0] - top2[:, 1] > BF16_LOGIT_TOL) & ~over
+    assert (ref.argmax(-1) == got.argmax(-1))[decisive].all()
+
+
+@pytest.mark.parametrize("name", ["mini-llama", "mini-moe"])
+def test_taps_match_reference_hidden_states(engines, name, request):
+    prompts, _ = _data(request.getfixturevalue(name.replace("-", "_")), 4, seed=9)
+    nxt = [5, 77, 130, 9]
+    taps = engines[name]["f32"].step_taps(prompts, nxt)  # [rows, L, D]
+    for p, t, row in zip(prompts, nxt, taps):
+        want = engines[name]["ref"].score([p + [t]], want_taps=True)[0].taps[:, -1]  # [L, D]
+        assert np.abs(row - want).max() <= TAPS_TOL
+
+
+@pytest.mark.parametrize("interpret", ["generic", "tpu"])
+def test_kv_slots_past_written_positions_untouched(mini_moe, interpret):
+    """One kernel step writes exactly one slot per (layer, row): every other slot keeps its bytes."""
+    eng = MegakernelEngine(mini_moe.weights, interpret=interpret)
+    c = mini_moe.config
+    rng = np.random.default_rng(0)
+    shape = (c.n_layers, 4, c.n_kv_heads, 32, c.head_dim)
+    kc0 = rng.standard_normal(shape).astype(np.float32)
+    vc0 = rng.standard_normal(shape).astype(np.float32)
+    pos = np.array([3, 17, 0, 31], np.int32)
+    out = eng._decode(jnp.asarray([5, 6, 7, 8]), jnp.asarray(pos), jnp.asarray(kc0), jnp.asarray(vc0),
+                      k=1, want_logits=False)
+    kc, vc = np.asarray(out[4]), np.asarray(out[5])
+    written = np.zeros(shape, bool)
+    for b, p in enumerate(pos):
+        written[:, b, :, p, :] = True
+    np.testing.assert_array_equal(kc[~written], kc0[~written])
+    np.testing.assert_array_equal(vc[~written], vc0[~written])
+    assert not np.allclose(kc[written], kc0[written])  # and the new slot was written
+
+
+@pytest.mark.parametrize("name", ["mini-llama", "mini-moe"])
+def test_tpu_interpret_mode_has_no_races(name, request):
+    """Full kernel in TPU interpret mode (DMAs simulated eagerly, race detector on): no race, and
+    the same numbers as the generic interpreter."""
+    m = request.getfixturevalue(name.replace("-", "_"))
+    prompts, conts = _data(m, 2, seed=3)
+    conts = [c[:4] for c in conts]
+    pltpu.reset_tpu_interpret_mode_state()
+    got = MegakernelEngine(m.weights, interpret="tpu").decode_forced(prompts, conts)
+    assert not races_found()
+    want = MegakernelEngine(m.weights).decode_forced(prompts, conts)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_race_detector_is_live(mini_llama):
+    """Negative control: the same kernel with ONE weight buffer prefetches layer l+1 over the
+    weights layer l is still reading. The detector must flag it (and the numbers go wrong)."""
+    prompts, conts = _data(mini_llama, 1, seed=3)
+    conts = [c[:3] for c in conts]
+    pltpu.reset_tpu_interpret_mode_state()
+    bad = MegakernelEngine(mini_llama.weights, interpret="tpu", n_buffers=1).decode_forced(prompts, conts)
+    assert races_found()
+    pltpu.reset_tpu_interpret_mode_state()
+    good = MegakernelEngine(mini_llama.weights).decode_forced(prompts, conts)
+    assert np.abs(bad[0][1:] - good[0][1:]).max() > 1e-2
+
+
+# Each fault must move the kernel's logits by more than this (teacher-forced, mini-moe), yet stay a
+# "small" bug: finite, no larger than this share of the logit range. Measured on mini-moe
+# (|Δlogit| max): rope_off_by_one 12.0, kv_stale 16.3, drop_layer 22.3, bf16_residual 0.13,
+# router_second_choice 26.5; logit range about 60.
+FAULT_MIN_DELTA = 0.05
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_each_fault_changes_output(engines, mini_moe, fault):
+    prompts, conts = _data(mini_moe, 2, seed=5)
+    good = engines["mini-moe"]["f32"].decode_forced(prompts, conts)
+    bad = MegakernelEngine(mini_moe.weights, fault=fault).decode_forced(prompts, conts)
+    for g, b in zip(good, bad):
+        assert np.isfinite(b).all()
+        np.testing.assert_allclose(b[0], g[0], atol=F32_LOGIT_TOL)  # row 0 is prefill: no fault there
+        delta = np.abs(b[1:] - g[1:]).max()
+        assert FAULT_MIN_DELTA < delta < np.abs(g).max()
+
+
+def test_router_fault_needs_moe(mini_llama):
+    from engines.errors import ModelError
+
+    with pytest.raises(ModelError, match="needs a MoE model"):
+        MegakernelEngine(mini_llama.weights, fault="router_second_choice")
