@@ -95,7 +95,7 @@ def arrays_sha256(arrays: dict[str, np.ndarray]) -> str:
 
 # Damping of the mini models' random weights. Measured with tests/engines/test_mini.py:
 # perturbing one embedding entry by one ulp moves the final logits by at most 1.5e-5 over 4
-# layers (not chaotic), and the k-th/(k+1)-th expert gap is < 1e-3 for only 1.3% of decisions.
+# layers (not chaotic), and the k-th/(k+1)-th expert gap is < 1e-3 for only 1.0% of decisions.
 MINI_OUT_PROJ_SCALE = 0.5  # wo and down: half the variance-preserving std keeps the residual tame
 MINI_LOGIT_SCALE = 4.0  # lm_head std, so greedy argmax has clear margins (not constant near-ties)
 MINI_ROUTER_SCALE = 16.0  # router std: decisive expert choice (bf16 noise rarely flips an expert)

@@ -2,12 +2,13 @@
 
 Weights stay in HBM (memory_space=ANY) as per-layer stacks and are copied into VMEM scratch with
 async copies and DMA semaphores, double-buffered: layer l+1's weights load while layer l computes.
-Per layer, inside the kernel: RMSNorm, QKV projection, RoPE, KV-cache append (only the new slot
-is written back to HBM), attention over the cache in tiles under an online softmax, output
-projection, residual, then the dense SwiGLU MLP or the MoE (router, top-k, routed experts, shared
-expert), residual. The embedding gather runs before the kernel and the final norm + LM head after
-it, in XLA, as the Kimi K3 TPU megakernel does: the LM head ([V, D], 113 MB in f32 for SmolLM2)
-does not fit VMEM next to a layer, and it is one memory-bound matmul XLA already does well.
+Per layer, inside the kernel: RMSNorm, QKV projection, RoPE, KV-cache append (the new slot is
+staged in VMEM; only it is written back to HBM, for all layers after the last one), attention over
+the cache in tiles under an online softmax, output projection, residual, then the dense SwiGLU MLP
+or the MoE (router, top-k, routed experts, shared expert), residual. The embedding gather runs
+before the kernel and the final norm + LM head after it, in XLA, as the Kimi K3 TPU megakernel
+does: the LM head ([V, D], 113 MB in f32 for SmolLM2) does not fit VMEM next to a layer, and it is
+one memory-bound matmul XLA already does well.
 
 Routed experts: every expert of a layer is streamed and evaluated, weighted by the (sparse) gate;
 right for the small expert counts tested here, wasteful for a 384-expert model, where a real
@@ -106,10 +107,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             buf.append(dict(zip(streamed, refs[i:i + len(streamed)])))
             i += len(streamed)
         sem_w, kbuf, vbuf, sem_kv, sem_wb, attn_buf, newk, newv = refs[i:i + 8]
-        # kc_in/vc_in alias kc_out/vc_out (one HBM buffer on a TPU). Layer l's cache is read
-        # through the input ref and its new slot written through the output ref, after the read
-        # completed. (Reading through the output ref made the generic interpreter copy the whole
-        # cache on every write-back: 5x slower at batch 8.)
+        # kc_in/vc_in alias kc_out/vc_out (one HBM buffer on a TPU): the layers read the cache
+        # through the input refs; the new slots are written through the output refs at the end.
 
         def copies(keys, idx, slot):
             return [pltpu.make_async_copy(w[k].at[idx], buf[slot][k], sem_w.at[slot, streamed.index(k)])
@@ -159,8 +158,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             # The new token's K/V: staged in VMEM for the write-back DMA, and attended to as the
             # last term of the online softmax (the cache tiles cover positions < p only), so the
             # VMEM copy of the cache is never written.
-            newk[...] = k.reshape(B, K, 1, hd)
-            newv[...] = v.reshape(B, K, 1, hd)
+            newk[pl.ds(l, 1)] = k.reshape(1, B, K, 1, hd)
+            newv[pl.ds(l, 1)] = v.reshape(1, B, K, 1, hd)
             # Attention for all rows and kv heads at once, n = B*K groups of G query heads,
             # streaming the cache in tiles of TS positions under an online softmax. The tile loop
             # is static: a traced loop here made the generic interpreter carry (and copy) every
@@ -182,13 +181,6 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             _, lsum, acc = mla
             out = jnp.where(lsum > 0, acc / jnp.maximum(lsum, 1e-30), 0.0)  # [n, G, hd]
             attn_buf[...] = out.reshape(B, H * hd)
-            write_back = []
-            for b in range(B):
-                for j, (src, dst) in enumerate(((newk, kc_out), (newv, vc_out))):
-                    cp = pltpu.make_async_copy(src.at[b], dst.at[l, b, :, pl.ds(pos_s[b], 1), :],
-                                               sem_wb.at[j, b])
-                    cp.start()
-                    write_back.append(cp)
             x = x + ops.mm(attn_buf[...], b_["wo"][...])
             h = ops.rmsnorm(x, b_["mlp_norm"][...], c.rms_eps)
             keep = (l != spec.fault_layer) if spec.fault == "drop_layer" else True
@@ -229,8 +221,6 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 x_out[...] = x_out[...].astype(jnp.bfloat16).astype(F32)
             if spec.want_taps:
                 taps_out[pl.ds(l, 1), :, :] = x_out[...][None]
-            for cp in write_back:
-                cp.wait()
 
         if nb == 2:  # layers in pairs so that each one's buffer slot is static
             def pair(j, carry):
@@ -248,6 +238,19 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
 
             jax.lax.fori_loop(0, L, single, 0)
 
+        # Every layer's new K/V slot goes back to HBM after the last layer: no layer reads another
+        # layer's cache, so the writes can wait, and the layer loop only ever reads the cache.
+        # (Writes inside the loop made the generic interpreter copy the whole cache per write.)
+        write_back = []
+        for b in range(B):
+            for j, (src, dst) in enumerate(((newk, kc_out), (newv, vc_out))):
+                cp = pltpu.make_async_copy(src.at[:, b], dst.at[:, b, :, pl.ds(pos_s[b], 1), :],
+                                           sem_wb.at[j, b])
+                cp.start()
+                write_back.append(cp)
+        for cp in write_back:
+            cp.wait()
+
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
     smem = pl.BlockSpec(memory_space=pltpu.SMEM)
@@ -258,7 +261,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     scratch += [pltpu.SemaphoreType.DMA((nb, len(streamed))),
                 pltpu.VMEM((B, K, S, hd), F32), pltpu.VMEM((B, K, S, hd), F32),
                 pltpu.SemaphoreType.DMA((2,)), pltpu.SemaphoreType.DMA((2, B)),
-                pltpu.VMEM((B, H * hd), F32), pltpu.VMEM((B, K, 1, hd), F32), pltpu.VMEM((B, K, 1, hd), F32)]
+                pltpu.VMEM((B, H * hd), F32),
+                pltpu.VMEM((L, B, K, 1, hd), F32), pltpu.VMEM((L, B, K, 1, hd), F32)]
     out_shape = (jax.ShapeDtypeStruct((B, D), F32), jax.ShapeDtypeStruct(k_cache.shape, F32),
                  jax.ShapeDtypeStruct(v_cache.shape, F32),
                  jax.ShapeDtypeStruct((L if spec.want_taps else 1, B, D), F32))

@@ -12,7 +12,7 @@ from engines.megakernel.engine import races_found
 from engines.reference import ReferenceEngine
 
 # all-f32 kernel vs all-f32 reference, 16 kernel steps: measured max |Δlogit| 7.2e-6 (mini-llama)
-# and 1.9e-5 (mini-moe); the bound is the issue's.
+# and 1.9e-5 (mini-moe); the bound is the issue's, 5x above the worst seen.
 F32_LOGIT_TOL = 1e-4
 # bf16 kernel (bf16 weights, f32 accumulation and residual) vs the f32 reference: measured max
 # |Δlogit| 0.082 (mini-llama) and 0.26 (mini-moe, outside routing flips) on logits of range ~60.
@@ -133,8 +133,8 @@ def test_race_detector_is_live(mini_llama):
 
 # Each fault must move the kernel's logits by more than this (teacher-forced, mini-moe), yet stay a
 # "small" bug: finite, no larger than this share of the logit range. Measured on mini-moe
-# (|Δlogit| max): rope_off_by_one 12.0, kv_stale 16.3, drop_layer 22.3, bf16_residual 0.13,
-# router_second_choice 26.5; logit range about 60.
+# (|Δlogit| max): rope_off_by_one 13.6, kv_stale 4.4, drop_layer 21.3, bf16_residual 0.13,
+# router_second_choice 34.0; logit range about 60.
 FAULT_MIN_DELTA = 0.05
 
 
