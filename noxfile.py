@@ -32,3 +32,10 @@ def bench(session: nox.Session) -> None:
     """Decode benchmark on smollm2-135m; prints figures and ratios (see benchmarks/decode.py)."""
     _install(session)
     session.run("python", "benchmarks/decode.py", *session.posargs)
+
+
+@nox.session
+def golden(session: nox.Session) -> None:
+    """Check the golden files (pass `-- --golden-update` to rewrite them from the reference)."""
+    _install(session)
+    session.run("pytest", "tests/evalsuite/test_golden.py", *session.posargs)

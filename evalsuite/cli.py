@@ -8,6 +8,7 @@ import sys
 import click
 
 from engines.errors import ModelError
+from evalsuite.errors import SpecError
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_PROMPT = "The capital of France is"
@@ -19,7 +20,7 @@ class Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except ModelError as e:
+        except (ModelError, SpecError) as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
@@ -82,6 +83,101 @@ def generate(engine, model, prompt, chat, max_new_tokens, no_stop, top_logprobs,
                         dtype=dtype, fault=fault)
     result = run_generate(spec)
     click.echo(json.dumps(result) if as_json else result["text"])
+
+
+def _progress(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+@main.command()
+@click.option("--engine", default="megakernel", show_default=True, help="Engine under test.")
+@click.option("--against", default="reference", show_default=True, help="The judge (float32).")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True)
+@click.option("--prompts", default="builtin", show_default=True,
+              help="Built-in prompt set (builtin, quick) or a JSONL file.")
+@click.option("--max-new-tokens", default=32, show_default=True, type=int)
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]),
+              help="The engine's precision mode; the reference always runs float32.")
+@click.option("--batch", default=8, show_default=True, type=int, help="Rows per engine call (1-8).")
+@click.option("--fault", default=None, help="Megakernel fault injection (self-test aid).")
+@click.option("--noise-tol", default=None, type=float, help="Override the dtype's noise tolerance.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
+              help="Write report.md, results.json and dlogit.png here.")
+def diff(engine, against, model, prompts, max_new_tokens, dtype, batch, fault, noise_tol, as_json,
+         report_dir) -> None:
+    """Greedy decoding through ENGINE vs the reference, token by token. Exit 0 PASS, 1 FAIL."""
+    from pathlib import Path
+
+    from evalsuite.compare.diff import DiffSpec, run_diff
+    from evalsuite.report import diff_report
+
+    spec = DiffSpec(engine=engine, against=against, model=model, prompts=prompts,
+                    max_new_tokens=max_new_tokens, dtype=dtype, batch=batch, fault=fault, noise_tol=noise_tol)
+    result = run_diff(spec, _progress)
+    if report_dir:
+        for p in diff_report(result, Path(report_dir)):
+            _progress(f"wrote {p}")
+    if as_json:
+        slim = {k: v for k, v in result.items() if k != "per_prompt"}
+        slim["per_prompt"] = [{k: v for k, v in p.items() if k != "tf"} | {"max_dlogit": p["tf"]["max_dlogit"]}
+                              for p in result["per_prompt"]]
+        click.echo(json.dumps(slim))
+    else:
+        click.echo(f"{result['verdict']}: {result['engine']} ({result['dtype']}, fault={result['fault']}) vs "
+                   f"reference on {result['model']}: {result['real_mismatches']} real mismatches, "
+                   f"{result['benign_divergences']} benign divergences over {result['positions']} positions "
+                   f"({result['prompts_identical']}/{result['prompts']} prompts identical); "
+                   f"noise tolerance {result['noise_tolerance']}")
+        b = result["bisection"]
+        if b:
+            click.echo(f"bisection: prompt {b['prompt']} position {b['position']}: first layer out of "
+                       f"tolerance {b['layer']}")
+    sys.exit(0 if result["verdict"] == "PASS" else 1)
+
+
+@main.group()
+def golden() -> None:
+    """Golden outputs of the reference (golden/<model>.json)."""
+
+
+@golden.command("update")
+@click.option("--model", "models_", multiple=True, help="Model(s); default: every model with golden settings.")
+def golden_update(models_) -> None:
+    """Write golden files from the float32 reference."""
+    from evalsuite import golden as g
+
+    for m in models_ or tuple(g.DEFAULTS):
+        _progress(f"golden: updating {m}")
+        click.echo(f"wrote {g.update(m)}")
+
+
+@golden.command("check")
+@click.option("--model", "models_", multiple=True, help="Model(s); default: every model with golden settings.")
+@click.option("--engine", default="reference", show_default=True)
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
+@click.option("--fault", default=None, help="Megakernel fault injection (self-test aid).")
+@click.option("--json", "as_json", is_flag=True)
+def golden_check(models_, engine, dtype, fault, as_json) -> None:
+    """Compare an engine with the golden files. Exit 0 when all pass, 1 otherwise."""
+    from evalsuite import golden as g
+
+    results = {}
+    for m in models_ or tuple(g.DEFAULTS):
+        _progress(f"golden: checking {engine} on {m}")
+        results[m] = g.check(m, engine, dtype, fault)
+    ok = all(r.ok for r in results.values())
+    if as_json:
+        click.echo(json.dumps({"verdict": "PASS" if ok else "FAIL", "models": {
+            m: {"ok": r.ok, "problems": r.problems, "summary": r.summary} for m, r in results.items()}}))
+    else:
+        for m, r in results.items():
+            s = r.summary
+            figures = (f" ({s['positions']} positions, max |Δlogprob| {s['max_dlogprob']:.2e})" if s else "")
+            click.echo(f"{'PASS' if r.ok else 'FAIL'} {m}{figures}")
+            for p in r.problems:
+                click.echo(f"  {p}")
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

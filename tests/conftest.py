@@ -5,6 +5,11 @@ from __future__ import annotations
 import pytest
 
 
+def pytest_addoption(parser):
+    parser.addoption("--golden-update", action="store_true", default=False,
+                     help="Rewrite golden/*.json from the reference instead of only checking them.")
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     from evalsuite.registry import load_model

@@ -11,7 +11,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from engines.base import DTYPES, Generation, Scored, next_pow2
 from engines.errors import ModelError
-from engines.loop import MIN_PREFILL_BUCKET, forced_batch, greedy_batch
+from engines.loop import MIN_PREFILL_BUCKET, batches, forced_batch, greedy_batch
 from engines.megakernel import ops
 from engines.megakernel.kernel import FAULTS, KernelSpec, attn_keys, decode_layers, dense_keys, moe_keys
 from engines.megakernel.prefill import prefill_hidden
@@ -82,14 +82,19 @@ class MegakernelEngine:
         pk, fk = ops.rope_tables(c.rope_style, c.head_dim, c.n_kv_heads, c.rope_theta)
         self.rope = {"perm_q": jnp.asarray(pq), "freq_q": jnp.asarray(fq),
                      "perm_k": jnp.asarray(pk), "freq_k": jnp.asarray(fk)}
+        # Weights go into the jitted functions as arguments, never as closure constants: a constant
+        # is baked into every compiled shape (540 MB each for SmolLM2), which ran the machine out
+        # of memory after a handful of shapes.
+        self.w = {"hbm": self.hbm, "embed": self.embed, "head_t": self.head_t,
+                  "final_norm": self.final_norm, "rope": self.rope}
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("slots", "k", "want_logits"))
         self._score = jax.jit(self._score_impl, static_argnames=("want_taps",))
         self._decode = jax.jit(self._decode_impl, static_argnames=("k", "want_logits", "want_taps"),
-                               donate_argnums=(2, 3))
+                               donate_argnums=(3, 4))
 
     # ---- jitted pieces -------------------------------------------------------------------------
-    def _logits(self, x):
-        return ops.mm(ops.rmsnorm(x, self.final_norm, self.config.rms_eps), self.head_t)
+    def _logits(self, w, x):
+        return ops.mm(ops.rmsnorm(x, w["final_norm"], self.config.rms_eps), w["head_t"])
 
     @staticmethod
     def _pick(logits, k, want_logits):
@@ -98,25 +103,25 @@ class MegakernelEngine:
         top_v, top_i = jax.lax.top_k(logp, k)
         return jnp.argmax(logits, axis=-1).astype(jnp.int32), top_i, top_v, (logits if want_logits else None)
 
-    def _prefill_impl(self, tokens, lengths, slots, k, want_logits):
-        x, kc, vc, _ = prefill_hidden(self.config, self.hbm, self.embed, self.rope, tokens, slots)
+    def _prefill_impl(self, w, tokens, lengths, slots, k, want_logits):
+        x, kc, vc, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots)
         last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, D]
-        return (*self._pick(self._logits(last), k, want_logits), kc, vc)
+        return (*self._pick(self._logits(w, last), k, want_logits), kc, vc)
 
-    def _score_impl(self, tokens, want_taps):
-        x, _, _, taps = prefill_hidden(self.config, self.hbm, self.embed, self.rope, tokens,
+    def _score_impl(self, w, tokens, want_taps):
+        x, _, _, taps = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens,
                                        tokens.shape[1], want_taps)
-        return self._logits(x), taps
+        return self._logits(w, x), taps
 
     def _spec(self, batch: int, slots: int, want_taps: bool) -> KernelSpec:
         return KernelSpec(self.config, batch, slots, min(ATTN_TILE, slots), self.fault, self.fault_layer,
                           self.n_buffers, want_taps, self.interpret)
 
-    def _decode_impl(self, ids, pos, kc, vc, k, want_logits, want_taps=False):
+    def _decode_impl(self, w, ids, pos, kc, vc, k, want_logits, want_taps=False):
         spec = self._spec(ids.shape[0], kc.shape[3], want_taps)
-        x = self.embed[ids].astype(F32)
-        x, kc, vc, taps = decode_layers(spec, self.hbm, x, pos, kc, vc, self.rope)
-        return (*self._pick(self._logits(x), k, want_logits), kc, vc, taps)
+        x = w["embed"][ids].astype(F32)
+        x, kc, vc, taps = decode_layers(spec, w["hbm"], x, pos, kc, vc, w["rope"])
+        return (*self._pick(self._logits(w, x), k, want_logits), kc, vc, taps)
 
     # ---- the protocol --------------------------------------------------------------------------
     def _check(self, prompts, max_new):
@@ -135,17 +140,17 @@ class MegakernelEngine:
             T = len(s)
             tokens = np.zeros((1, next_pow2(T, MIN_PREFILL_BUCKET)), np.int32)
             tokens[0, :T] = s
-            logits, taps = self._score(jnp.asarray(tokens), want_taps=want_taps)
+            logits, taps = self._score(self.w, jnp.asarray(tokens), want_taps=want_taps)
             out.append(Scored(np.asarray(logits[0, :T]), np.asarray(taps[:, 0, :T]) if want_taps else None))
         return out
 
     def _prefill_step(self, tokens, lengths, slots, k, want_logits):
-        *out, kc, vc = self._prefill(jnp.asarray(tokens), jnp.asarray(lengths), slots=slots, k=k,
+        *out, kc, vc = self._prefill(self.w, jnp.asarray(tokens), jnp.asarray(lengths), slots=slots, k=k,
                                      want_logits=want_logits)
         return (*out, (kc, vc))
 
     def _decode_step(self, ids, positions, state, k, want_logits):
-        *out, kc, vc, _ = self._decode(jnp.asarray(ids), jnp.asarray(positions), *state, k=k,
+        *out, kc, vc, _ = self._decode(self.w, jnp.asarray(ids), jnp.asarray(positions), *state, k=k,
                                        want_logits=want_logits)
         return (*out, (kc, vc))
 
@@ -153,8 +158,8 @@ class MegakernelEngine:
                  stop_ids: Sequence[int] = (), top_k: int = 5, want_logits: bool = False) -> list[Generation]:
         self._check(prompts, max_new_tokens)
         out: list[Generation] = []
-        for i in range(0, len(prompts), MAX_BATCH):
-            out.extend(greedy_batch(self._prefill_step, self._decode_step, prompts[i:i + MAX_BATCH],
+        for idx in batches([len(p) for p in prompts], MAX_BATCH):
+            out.extend(greedy_batch(self._prefill_step, self._decode_step, [prompts[i] for i in idx],
                                     max_new_tokens, {int(s) for s in stop_ids}, top_k, want_logits))
         return out
 
@@ -163,9 +168,9 @@ class MegakernelEngine:
         """Prefill (XLA), then every continuation token through the kernel; logits [N, V] per row."""
         self._check([list(p) + list(x) for p, x in zip(prompts, continuations)], 1)
         out: list[np.ndarray] = []
-        for i in range(0, len(prompts), MAX_BATCH):
-            out.extend(forced_batch(self._prefill_step, self._decode_step, prompts[i:i + MAX_BATCH],
-                                    continuations[i:i + MAX_BATCH]))
+        for idx in batches([len(p) for p in prompts], MAX_BATCH):
+            out.extend(forced_batch(self._prefill_step, self._decode_step, [prompts[i] for i in idx],
+                                    [continuations[i] for i in idx]))
         return out
 
     def step_taps(self, prompts: Sequence[Sequence[int]], next_ids: Sequence[int]) -> np.ndarray:
@@ -182,8 +187,9 @@ class MegakernelEngine:
             tokens[r, :len(p)] = p
         ids = np.zeros(B, np.int32)
         ids[:n] = next_ids
-        *_, kc, vc = self._prefill(jnp.asarray(tokens), jnp.asarray(lengths), slots=S, k=1, want_logits=False)
-        *_, taps = self._decode(jnp.asarray(ids), jnp.asarray(lengths), kc, vc, k=1, want_logits=False,
+        *_, kc, vc = self._prefill(self.w, jnp.asarray(tokens), jnp.asarray(lengths), slots=S, k=1,
+                                   want_logits=False)
+        *_, taps = self._decode(self.w, jnp.asarray(ids), jnp.asarray(lengths), kc, vc, k=1, want_logits=False,
                                 want_taps=True)
         return np.asarray(taps).transpose(1, 0, 2)[:n]
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from engines.base import DTYPES, Generation, Scored, next_pow2
 from engines.errors import ModelError
-from engines.loop import MIN_PREFILL_BUCKET, forced_batch, greedy_batch
+from engines.loop import MIN_PREFILL_BUCKET, batches, forced_batch, greedy_batch
 from engines.reference import model
 from engines.weights import Weights
 
@@ -125,8 +125,8 @@ class ReferenceEngine:
         if not 1 <= top_k <= c.vocab_size:
             raise ModelError(f"top_k must be in [1, {c.vocab_size}], got {top_k}")
         out: list[Generation] = []
-        for i in range(0, len(prompts), MAX_BATCH):
-            out.extend(greedy_batch(self._prefill_step, self._decode_step, prompts[i:i + MAX_BATCH],
+        for idx in batches([len(p) for p in prompts], MAX_BATCH):
+            out.extend(greedy_batch(self._prefill_step, self._decode_step, [prompts[i] for i in idx],
                                     max_new_tokens, {int(s) for s in stop_ids}, top_k, want_logits))
         return out
 
@@ -139,9 +139,9 @@ class ReferenceEngine:
         check_prompts([list(p) + list(x) for p, x in zip(prompts, continuations)], c.vocab_size,
                       c.max_context + 1, 1)
         out: list[np.ndarray] = []
-        for i in range(0, len(prompts), MAX_BATCH):
-            out.extend(forced_batch(self._prefill_step, self._decode_step, prompts[i:i + MAX_BATCH],
-                                    continuations[i:i + MAX_BATCH]))
+        for idx in batches([len(p) for p in prompts], MAX_BATCH):
+            out.extend(forced_batch(self._prefill_step, self._decode_step, [prompts[i] for i in idx],
+                                    [continuations[i] for i in idx]))
         return out
 
     def _prefill_step(self, tokens, lengths, slots, k, want_logits):

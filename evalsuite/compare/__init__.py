@@ -1,0 +1,1 @@
+"""Token parity between an engine and the reference: metrics, diff, bisection."""

@@ -1,0 +1,158 @@
+"""Golden outputs: the reference's greedy tokens and top-k logprobs, pinned in versioned files.
+
+golden/<model>.json = {"format_version", "header": {...how it was produced...}, "entries": {id: ...}}.
+`update` writes them from the float32 reference; `check` compares any engine against them
+teacher-forced along the golden tokens, with the tie-aware rule of `diff`: an argmax that differs
+where the golden top-1/top-2 logprob gap is below the noise tolerance is benign, else a mismatch.
+Missing, stale (weights, prompt set or settings changed) and unused entries fail, saying which
+and how to regenerate.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from evalsuite.compare import metrics
+from evalsuite.compare.diff import NOISE_TOL
+from evalsuite.errors import SpecError
+from evalsuite.prompts import load_prompts
+from evalsuite.registry import load_model
+from evalsuite.versions import versions
+
+FORMAT_VERSION = 1
+TOP_K = 5
+# Per-model golden settings: the prompt set and the number of greedy tokens pinned.
+DEFAULTS = {"smollm2-135m": ("builtin", 32), "mini-llama": ("quick", 24), "mini-moe": ("quick", 24)}
+# |Δ logprob| of the golden top-k ids: beyond this a position counts as a numeric mismatch even
+# when the argmax agrees. f32 engines measured max 4.2e-5 on smollm2 (reference vs megakernel);
+# bf16 is judged by the argmax rule alone (its logprobs move by up to ~1).
+LOGPROB_TOL = {"float32": 1e-3, "bfloat16": float("inf")}
+REGENERATE = "regenerate with: evalsuite golden update --model {model}  (or pytest --golden-update)"
+
+
+def golden_dir() -> Path:
+    """golden/ at the project root (next to evalsuite/)."""
+    return Path(__file__).resolve().parent.parent / "golden"
+
+
+def golden_path(model: str, directory: Path | None = None) -> Path:
+    return (directory or golden_dir()) / f"{model}.json"
+
+
+def _settings(model: str) -> tuple[str, int]:
+    if model not in DEFAULTS:
+        raise SpecError(f"no golden settings for model {model!r}; goldens exist for {', '.join(DEFAULTS)}")
+    return DEFAULTS[model]
+
+
+def update(model_name: str, directory: Path | None = None) -> Path:
+    from engines.reference import ReferenceEngine
+
+    set_name, n = _settings(model_name)
+    model = load_model(model_name)
+    pset = load_prompts(set_name)
+    ref = ReferenceEngine(model.weights, "float32")
+    ids = [p.encode(model.tokenizer) for p in pset.prompts]
+    gens = ref.generate(ids, n, top_k=TOP_K)
+    doc = {
+        "format_version": FORMAT_VERSION,
+        "header": {"model": model_name, "weights_sha256": model.weights.sha256, "engine": "reference",
+                   "dtype": "float32", "prompt_set": set_name, "prompt_set_sha256": pset.sha256,
+                   "settings": {"max_new_tokens": n, "top_k": TOP_K, "greedy": True, "stop_ids": []},
+                   "seed": 0, "seed_note": "greedy decoding makes no random choice; recorded for the format",
+                   "versions": versions(), "produced_by": "evalsuite golden update"},
+        "entries": {p.id: {"prompt_token_ids": i, "token_ids": g.token_ids,
+                           "top_ids": g.top_ids.tolist(),
+                           "top_logprobs": [[round(float(x), 6) for x in row] for row in g.top_logprobs]}
+                    for p, i, g in zip(pset.prompts, ids, gens)},
+    }
+    path = golden_path(model_name, directory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(path)
+    return path
+
+
+@dataclass
+class CheckResult:
+    ok: bool
+    problems: list[str]
+    summary: dict
+
+
+def check(model_name: str, engine_name: str = "reference", dtype: str = "float32", fault: str | None = None,
+          directory: Path | None = None) -> CheckResult:
+    from evalsuite.engines import make_engine
+
+    set_name, n = _settings(model_name)
+    path = golden_path(model_name, directory)
+    regen = REGENERATE.format(model=model_name)
+    if not path.is_file():
+        return CheckResult(False, [f"missing golden file {path}; {regen}"], {})
+    try:
+        doc = json.loads(path.read_text())
+        header, entries = doc["header"], doc["entries"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        return CheckResult(False, [f"unreadable golden file {path} ({e}); {regen}"], {})
+    if doc.get("format_version") != FORMAT_VERSION:
+        return CheckResult(False, [f"{path}: format_version {doc.get('format_version')} != {FORMAT_VERSION}; "
+                                   f"{regen}"], {})
+    model = load_model(model_name)
+    pset = load_prompts(set_name)
+    problems: list[str] = []
+    stale = [f"{k}: golden {header.get(k)!r} != current {v!r}" for k, v in (
+        ("weights_sha256", model.weights.sha256), ("prompt_set_sha256", pset.sha256),
+        ("prompt_set", set_name)) if header.get(k) != v]
+    if header.get("settings", {}).get("max_new_tokens") != n or header.get("settings", {}).get("top_k") != TOP_K:
+        stale.append(f"settings: golden {header.get('settings')} != current max_new_tokens {n}, top_k {TOP_K}")
+    if stale:
+        return CheckResult(False, [f"stale golden {path}: " + "; ".join(stale) + f"; {regen}"], {})
+    want_ids = [p.id for p in pset.prompts]
+    missing = [i for i in want_ids if i not in entries]
+    unused = [i for i in entries if i not in want_ids]
+    if missing:
+        problems.append(f"missing golden entries {missing} in {path}; {regen}")
+    if unused:
+        problems.append(f"unused golden entries {unused} in {path} (not in prompt set {set_name}); {regen}")
+    if problems:
+        return CheckResult(False, problems, {})
+    eng = make_engine(engine_name, model, dtype, fault)
+    prompts = [entries[i]["prompt_token_ids"] for i in want_ids]
+    for p, e, i in zip(pset.prompts, prompts, want_ids):
+        if p.encode(model.tokenizer) != e:
+            problems.append(f"entry {i}: prompt tokenizes differently now (tokenizer changed?); {regen}")
+    if problems:
+        return CheckResult(False, problems, {})
+    forced = eng.decode_forced(prompts, [entries[i]["token_ids"] for i in want_ids])
+    tol = NOISE_TOL[dtype]
+    mismatches, benign, dlp, total = [], 0, [], 0
+    for i, logits in zip(want_ids, forced):
+        ent = entries[i]
+        lp = metrics.log_softmax(logits)
+        top_ids = np.asarray(ent["top_ids"])
+        gold_lp = np.asarray(ent["top_logprobs"])
+        eng_lp = np.take_along_axis(lp, top_ids, axis=-1)
+        d = np.abs(eng_lp - gold_lp).max(axis=-1)
+        dlp.extend(d.tolist())
+        total += len(d)
+        gap = gold_lp[:, 0] - gold_lp[:, 1]
+        for j, (tok, arg) in enumerate(zip(ent["token_ids"], lp.argmax(-1))):
+            if arg != tok and gap[j] < tol:
+                benign += 1
+            elif arg != tok or d[j] > LOGPROB_TOL[dtype]:
+                mismatches.append((i, j))
+    summary = {"positions": total, "mismatching_positions": len(mismatches),
+               "mismatch_share": len(mismatches) / max(total, 1), "benign_divergences": benign,
+               "max_dlogprob": float(np.max(dlp)), "mean_dlogprob": float(np.mean(dlp)),
+               "engine": engine_name, "dtype": dtype, "fault": fault, "golden": str(path)}
+    if mismatches:
+        where = ", ".join(f"{i}@{j}" for i, j in mismatches[:5]) + (" ..." if len(mismatches) > 5 else "")
+        problems.append(f"{len(mismatches)}/{total} positions ({100 * len(mismatches) / total:.2f}%) mismatch "
+                        f"the golden file ({where}); max |Δlogprob| {summary['max_dlogprob']:.3g}, mean "
+                        f"{summary['mean_dlogprob']:.3g}. If the reference changed on purpose, {regen}")
+    return CheckResult(not problems, problems, summary)

@@ -1,0 +1,85 @@
+"""Prompt sets: the built-in ones (written for this project) and user JSONL files.
+
+A line is {"id": str, "kind": "raw" | "chat", "text": str} or {"id": str, "token_ids": [int, ...]}.
+"chat" applies the model's chat template; "raw" encodes the text as is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from evalsuite.errors import SpecError
+
+BUILTIN = ("builtin", "quick")  # builtin: 32 prompts incl. two of 1,000+ tokens; quick: 8 of them
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    kind: str  # raw, chat or ids
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+
+    def encode(self, tokenizer) -> list[int]:
+        if self.kind == "ids":
+            return list(self.token_ids)
+        if tokenizer is None:
+            raise SpecError(f"prompt {self.id!r} is text but the model has no tokenizer")
+        return tokenizer.encode_chat(self.text) if self.kind == "chat" else tokenizer.encode(self.text)
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    name: str
+    prompts: tuple[Prompt, ...]
+
+    @property
+    def sha256(self) -> str:
+        canon = [dict(id=p.id, kind=p.kind, text=p.text, token_ids=p.token_ids) for p in self.prompts]
+        return hashlib.sha256(json.dumps(canon, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def _parse(lines: list[str], where: str) -> tuple[Prompt, ...]:
+    out: list[Prompt] = []
+    seen: set[str] = set()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            o = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SpecError(f"{where}:{n}: not valid JSON ({e.msg})") from None
+        if not isinstance(o, dict) or not isinstance(o.get("id"), str) or not o["id"]:
+            raise SpecError(f"{where}:{n}: each line needs a non-empty string 'id'")
+        if o["id"] in seen:
+            raise SpecError(f"{where}:{n}: duplicate id {o['id']!r}")
+        seen.add(o["id"])
+        if "token_ids" in o:
+            ids = o["token_ids"]
+            if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+                raise SpecError(f"{where}:{n}: 'token_ids' must be a non-empty list of non-negative ints")
+            out.append(Prompt(o["id"], "ids", token_ids=tuple(ids)))
+        else:
+            kind = o.get("kind", "raw")
+            if kind not in ("raw", "chat") or not isinstance(o.get("text"), str) or not o["text"]:
+                raise SpecError(f"{where}:{n}: need 'text' (non-empty) and 'kind' raw or chat, or 'token_ids'")
+            out.append(Prompt(o["id"], kind, text=o["text"]))
+    if not out:
+        raise SpecError(f"{where}: no prompts")
+    return tuple(out)
+
+
+def load_prompts(name_or_path: str) -> PromptSet:
+    """A built-in set by name, or a JSONL file."""
+    if name_or_path in BUILTIN:
+        text = resources.files("evalsuite.prompt_sets").joinpath(f"{name_or_path}.jsonl").read_text("utf-8")
+        return PromptSet(name_or_path, _parse(text.splitlines(), name_or_path))
+    p = Path(name_or_path)
+    if not p.is_file():
+        raise SpecError(f"prompt set {name_or_path!r} is neither a built-in set ({', '.join(BUILTIN)}) "
+                        "nor a file")
+    return PromptSet(str(p), _parse(p.read_text("utf-8").splitlines(), str(p)))

@@ -1,0 +1,84 @@
+"""Reports a person reads (Markdown + PNG) next to the machine-readable results.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False))
+    tmp.replace(path)  # atomic: a killed run never leaves half a file
+
+
+def diff_report(result: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "results.json", result)
+    png = out / "dlogit.png"
+    _plot(result, png)
+    r = result
+    lines = [
+        f"# evalsuite diff: {r['engine']} vs {r['against']} on {r['model']} — **{r['verdict']}**", "",
+        f"- engine dtype {r['dtype']} (reference float32), fault: {r['fault'] or 'none'}",
+        f"- prompts: {r['prompts']} from `{r['prompt_set']}` (sha256 {r['prompt_set_sha256'][:12]}), "
+        f"{r['max_new_tokens']} greedy tokens each, {r['positions']} positions",
+        f"- weights sha256 {r['weights_sha256'][:16]}...",
+        f"- **real mismatches: {r['real_mismatches']}**, benign divergences: {r['benign_divergences']}, "
+        f"prompts identical: {r['prompts_identical']}/{r['prompts']}",
+        f"- noise tolerance {r['noise_tolerance']}: {r['noise_tolerance_rule']}",
+        f"- observed |Δlogit| where the argmax agrees: p50 {r['observed_noise'].get('p50', 0):.2e}, "
+        f"p99 {r['observed_noise'].get('p99', 0):.2e}, max {r['observed_noise'].get('max', 0):.2e}",
+        f"- KL(ref||engine) p99 {r['summary']['kl'].get('p99', 0):.2e}, top-5 overlap "
+        f"{r['summary']['top5_overlap_mean']:.3f}, argmax agreement {r['summary']['argmax_agreement']:.4f}",
+        f"- batch invariance (B={r['batch_invariance']['batch']}): "
+        f"{'yes' if r['batch_invariance']['invariant'] else 'NO'}; deterministic: "
+        f"{'yes' if r['batch_invariance']['deterministic'] else 'NO'}",
+    ]
+    b = r.get("bisection")
+    if b:
+        lines.append(f"- bisection at prompt {b.get('prompt')} position {b['position']}: first layer out of "
+                     f"tolerance: {b['layer'] if b['layer'] is not None else 'none'}")
+    lines += ["", f"![per-position max |Δlogit|]({png.name})", "",
+              "| prompt | kind | first divergence | ref token | engine token | ref gap | rank | class "
+              "| real | benign | max Δlogit |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in r["per_prompt"]:
+        f = p["first_divergence"]
+        cells = ([str(f["position"]), repr(f["reference_text"]), repr(f["engine_text"]),
+                  f"{f['reference_gap']:.3g}", str(f["engine_token_rank_in_reference"]), f["class"]]
+                 if f else ["-", "", "", "", "", ""])
+        lines.append(f"| {p['id']} | {p['kind']} | " + " | ".join(c.replace("|", "\\|") for c in cells)
+                     + f" | {len(p['real_positions'])} | {len(p['benign_positions'])} | "
+                       f"{p['tf']['max_dlogit']:.2e} |")
+    md = out / "report.md"
+    md.write_text("\n".join(lines) + "\n")
+    return [md, out / "results.json", png]
+
+
+def _plot(r: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for p in r["per_prompt"]:
+        ax.plot(p["tf"]["dlogit"], lw=0.8, alpha=0.6)
+        for j, m in p["margins_at_divergences"].items():
+            j = int(j)
+            real = j in p["real_positions"]
+            ax.scatter([j], [p["tf"]["dlogit"][j]], marker="x" if real else "o", s=40,
+                       color="red" if real else "orange", zorder=3)
+            ax.annotate(f"gap {m:.2g}", (j, p["tf"]["dlogit"][j]), fontsize=6)
+    ax.axhline(r["noise_tolerance"], color="gray", ls="--", lw=0.8,
+               label="noise tolerance (bound on the reference's top-1/top-2 gap)")
+    ax.set_yscale("log")
+    ax.set_xlabel("generated position")
+    ax.set_ylabel("max |Δlogit| (teacher-forced)")
+    ax.set_title(f"{r['engine']} ({r['dtype']}, fault={r['fault']}) vs reference on {r['model']}: "
+                 f"{r['verdict']}\nx real mismatch, o benign divergence, label: reference top-1/top-2 gap",
+                 fontsize=10)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,68 @@
+"""`evalsuite diff` catches every injected bug and passes the faithful engine (slow: real weights)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engines.megakernel import FAULTS
+from evalsuite.compare.diff import DiffSpec, run_diff
+
+QUICK = dict(prompts="quick", max_new_tokens=12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_faithful_megakernel_passes(smollm2, dtype):
+    r = run_diff(DiffSpec(model="smollm2-135m", dtype=dtype, **QUICK))
+    assert r["verdict"] == "PASS", r["per_prompt"]
+    assert r["real_mismatches"] == 0
+    if dtype == "float32":
+        assert r["benign_divergences"] == 0 and r["prompts_identical"] == r["prompts"]
+    assert r["batch_invariance"]["deterministic"]
+    assert r["batch_invariance"]["batch"] == 4  # batch 1 vs batch 4 reported
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", [f for f in FAULTS if f != "router_second_choice"])
+def test_each_fault_fails_on_smollm2(smollm2, fault):
+    r = run_diff(DiffSpec(model="smollm2-135m", fault=fault, **QUICK))
+    assert r["verdict"] == "FAIL"
+    assert r["real_mismatches"] > 0
+    named = [p for p in r["per_prompt"] if p["real_positions"]]
+    assert named and named[0]["first_divergence"] is not None
+    if fault == "drop_layer":  # bisection names the layer whose MLP the fault skips
+        assert r["bisection"]["layer"] == smollm2.config.n_layers // 2
+
+
+def test_router_fault_fails_on_mini_moe():
+    r = run_diff(DiffSpec(model="mini-moe", fault="router_second_choice", **QUICK))
+    assert r["verdict"] == "FAIL" and r["real_mismatches"] > 0
+
+
+def test_faithful_mini_moe_passes_and_bisection_absent():
+    r = run_diff(DiffSpec(model="mini-moe", **QUICK))
+    assert r["verdict"] == "PASS" and r["bisection"] is None
+
+
+def test_cli_exit_codes_and_json(tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "evalsuite.cli", "diff", "--model", "mini-llama",
+                               "--prompts", "quick", "--max-new-tokens", "8", *args],
+                              capture_output=True, text=True, timeout=600)
+
+    ok = run("--json", "--report", str(tmp_path / "rep"))
+    assert ok.returncode == 0, ok.stderr
+    out = json.loads(ok.stdout)
+    for key in ("verdict", "prompts", "real_mismatches", "benign_divergences", "noise_tolerance", "per_prompt"):
+        assert key in out
+    assert out["verdict"] == "PASS" and out["prompts"] == 8
+    for f in ("report.md", "results.json", "dlogit.png"):
+        assert (tmp_path / "rep" / f).stat().st_size > 0
+    bad = run("--fault", "drop_layer")
+    assert bad.returncode == 1 and bad.stdout.startswith("FAIL") and "bisection" in bad.stdout
+    usage = run("--batch", "99")
+    assert usage.returncode == 2 and "Traceback" not in usage.stderr and "--batch" in usage.stderr

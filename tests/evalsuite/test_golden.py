@@ -1,0 +1,83 @@
+"""Golden files: the committed ones are current, and tampering is caught with the right message."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from evalsuite import golden
+
+
+@pytest.fixture()
+def gdir(tmp_path):
+    d = tmp_path / "golden"
+    shutil.copytree(golden.golden_dir(), d)
+    return d
+
+
+@pytest.mark.parametrize("model", ["mini-llama", "mini-moe",
+                                   pytest.param("smollm2-135m", marks=pytest.mark.slow)])
+def test_committed_goldens_pass(model, request):
+    """The CI diff-check: the reference reproduces golden/<model>.json (or, with --golden-update,
+    the file is rewritten)."""
+    if request.config.getoption("--golden-update"):
+        golden.update(model)
+    r = golden.check(model, "reference")
+    assert r.ok, r.problems
+    assert r.summary["mismatching_positions"] == 0
+
+
+@pytest.mark.parametrize("model", ["mini-llama", "mini-moe"])
+def test_megakernel_passes_goldens(model):
+    r = golden.check(model, "megakernel")
+    assert r.ok, r.problems
+
+
+def _edit(gdir, model, fn):
+    p = gdir / f"{model}.json"
+    doc = json.loads(p.read_text())
+    fn(doc)
+    p.write_text(json.dumps(doc))
+
+
+def test_edited_token_fails_with_numbers(gdir):
+    def flip(doc):
+        e = doc["entries"]["fact-capital"]
+        e["token_ids"][3] = (e["token_ids"][3] + 1) % 250 + 3
+
+    _edit(gdir, "mini-llama", flip)
+    r = golden.check("mini-llama", "reference", directory=gdir)
+    assert not r.ok
+    msg = " ".join(r.problems)
+    assert "mismatch the golden file" in msg and "fact-capital@3" in msg and "max |Δlogprob|" in msg
+    assert "golden update" in msg
+    assert r.summary["mismatching_positions"] >= 1 and 0 < r.summary["mismatch_share"] < 1
+
+
+def test_changed_weight_hash_is_stale(gdir):
+    _edit(gdir, "mini-moe", lambda d: d["header"].__setitem__("weights_sha256", "0" * 64))
+    r = golden.check("mini-moe", "reference", directory=gdir)
+    assert not r.ok and "stale golden" in r.problems[0] and "weights_sha256" in r.problems[0]
+    assert "evalsuite golden update --model mini-moe" in r.problems[0]
+
+
+def test_removed_entry_is_missing_and_extra_entry_unused(gdir):
+    def change(doc):
+        doc["entries"]["zz-extra"] = doc["entries"].pop("chat-mul")
+
+    _edit(gdir, "mini-llama", change)
+    r = golden.check("mini-llama", "reference", directory=gdir)
+    msg = " ".join(r.problems)
+    assert not r.ok and "missing golden entries ['chat-mul']" in msg and "unused golden entries ['zz-extra']" in msg
+
+
+def test_missing_file(tmp_path):
+    r = golden.check("mini-llama", "reference", directory=tmp_path)
+    assert not r.ok and "missing golden file" in r.problems[0]
+
+
+def test_faulted_engine_fails_goldens():
+    r = golden.check("mini-moe", "megakernel", fault="router_second_choice")
+    assert not r.ok and r.summary["mismatching_positions"] > 0
