@@ -3,8 +3,14 @@
 An engine turns token ids into logits. It declares what it can do in `capabilities`:
   "score"    teacher-forced logits for given sequences       (Engine.score)
   "generate" batched greedy generation with stop ids         (Engine.generate)
-  "taps"     the residual stream after every layer            (score(..., want_taps=True))
+  "taps"     the residual stream after every layer            (score(..., want_taps=True), and
+             step_taps(prompts, next_ids) for one decode step, where the engine has a decode path)
   "logits"   full-vocabulary logits at generated positions    (generate(..., want_logits=True))
+Every engine also provides decode_forced(prompts, continuations): the logits its own decode path
+produces when fed the given tokens one by one (what `diff` and `golden check` compare).
+
+A new engine (your own megakernel) plugs in by implementing this protocol; evalsuite never
+imports an engine's internals.
 """
 
 from __future__ import annotations
@@ -59,6 +65,9 @@ class Engine(Protocol):
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  stop_ids: Sequence[int] = (), top_k: int = 5,
                  want_logits: bool = False) -> list[Generation]: ...
+
+    def decode_forced(self, prompts: Sequence[Sequence[int]],
+                      continuations: Sequence[Sequence[int]]) -> list[np.ndarray]: ...
 
 
 DTYPES = ("float32", "bfloat16")
