@@ -24,7 +24,7 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff==0.17.6")
-    session.run("ruff", "check", "evalsuite", "engines", "tests", "benchmarks", "noxfile.py")
+    session.run("ruff", "check", "evalsuite", "engines", "tasks", "tests", "benchmarks", "noxfile.py")
 
 
 @nox.session
@@ -39,3 +39,13 @@ def golden(session: nox.Session) -> None:
     """Check the golden files (pass `-- --golden-update` to rewrite them from the reference)."""
     _install(session)
     session.run("pytest", "tests/evalsuite/test_golden.py", *session.posargs)
+
+
+@nox.session
+def eval(session: nox.Session) -> None:
+    """A small smoke of both benchmarks through both engines (bundled data, offline)."""
+    _install(session)
+    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    for task in ("gsm8k", "gpqa"):
+        session.run("evalsuite", "run", task, "--limit", "10", "--output", f"runs/nox-eval-{task}", env=env,
+                    success_codes=[0, 1])

@@ -180,5 +180,73 @@ def golden_check(models_, engine, dtype, fault, as_json) -> None:
     sys.exit(0 if ok else 1)
 
 
+@main.command("run")
+@click.argument("task")
+@click.option("--variant", default=None, help="gsm8k: 5shot (default) or chat; gpqa: mc (default) or cot.")
+@click.option("--engine", default="megakernel", show_default=True)
+@click.option("--against", default="reference", show_default=True)
+@click.option("--model", default=DEFAULT_MODEL, show_default=True)
+@click.option("--limit", default=None, type=int, help="First N items only.")
+@click.option("--data-dir", default=None, help="Real data in the hub schema (parquet/CSV/JSONL).")
+@click.option("--output", default="runs/latest", show_default=True, help="Run folder (resumable).")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
+@click.option("--fault", default=None, help="Megakernel fault injection (self-test aid).")
+@click.option("--margin", default=0.02, show_default=True, type=float, help="Non-inferiority margin (share).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap and lm-eval seeds.")
+@click.option("--json", "as_json", is_flag=True)
+def run_cmd(task, variant, engine, against, model, limit, data_dir, output, dtype, fault, margin, seed,
+            as_json) -> None:
+    """Benchmark TASK (gsm8k, gpqa) on ENGINE and the reference; paired verdict. Exit 0 PASS, 1 otherwise."""
+    from evalsuite.bench.run import RunSpec, run_benchmark
+
+    spec = RunSpec(task=task, variant=variant, engine=engine, against=against, model=model, limit=limit,
+                   data_dir=data_dir, output=output, dtype=dtype, fault=fault, margin=margin, seed=seed)
+    r = run_benchmark(spec, _progress)
+    if as_json:
+        click.echo(json.dumps(r))
+    else:
+        accs = ", ".join(f"{k} {v['accuracy']:.3f}" for k, v in r["engines"].items())
+        p = r["paired"]
+        click.echo(f"{r['verdict']}: {r['task']}/{r['variant']} on {r['items']} items "
+                   f"({'bundled sample' if r['dataset']['bundled_sample'] else r['dataset']['path']}): {accs}; "
+                   f"b={p['b']} c={p['c']} McNemar p={p['mcnemar_p']:.3g}, diff 95% CI "
+                   f"[{p['diff_ci'][0]:+.3f}, {p['diff_ci'][1]:+.3f}], margin {p['margin']}")
+    sys.exit(0 if r["verdict"] == "PASS" else 1)
+
+
+@main.command("lm-eval", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                           "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def lm_eval_cmd(args) -> None:
+    """lm-eval's own command line with evalsuite-reference / evalsuite-megakernel registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    import evalsuite.bench.adapter  # noqa: F401  (registers the models)
+
+    sys.argv = ["lm_eval", *args]
+    cli_evaluate()
+
+
+@main.command()
+@click.option("--model", default=DEFAULT_MODEL, show_default=True)
+@click.option("--engine", default="megakernel", show_default=True)
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
+@click.option("--fault", default=None, help="Megakernel fault injection (self-test aid).")
+@click.option("--output", default="reports/verify", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def verify(model, engine, dtype, fault, output, as_json) -> None:
+    """The whole gate: golden check, diff, gsm8k, gpqa. Exit 1 on FAIL, else 0."""
+    from pathlib import Path
+
+    from evalsuite.verify import run_verify
+
+    r = run_verify(model, engine, dtype, fault, Path(output), _progress)
+    if as_json:
+        click.echo(json.dumps(r))
+    else:
+        click.echo(Path(output, "report.md").read_text())
+    sys.exit(1 if r["verdict"] == "FAIL" else 0)
+
+
 if __name__ == "__main__":
     main()

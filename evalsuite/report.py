@@ -26,6 +26,8 @@ def diff_report(result: dict, out: Path) -> list[Path]:
         f"- weights sha256 {r['weights_sha256'][:16]}...",
         f"- **real mismatches: {r['real_mismatches']}**, benign divergences: {r['benign_divergences']}, "
         f"prompts identical: {r['prompts_identical']}/{r['prompts']}",
+        f"  (token mismatches {r['real_token_mismatches']}, distribution mismatches "
+        f"{r['distribution_mismatches']}: same token but KL(ref||engine) > {r['kl_tolerance']})",
         f"- noise tolerance {r['noise_tolerance']}: {r['noise_tolerance_rule']}",
         f"- observed |Δlogit| where the argmax agrees: p50 {r['observed_noise'].get('p50', 0):.2e}, "
         f"p99 {r['observed_noise'].get('p99', 0):.2e}, max {r['observed_noise'].get('max', 0):.2e}",

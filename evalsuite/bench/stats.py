@@ -86,7 +86,10 @@ def paired_verdict(correct_a, correct_b, margin: float = DEFAULT_MARGIN, seed: i
     b = int((a & ~bb).sum())
     c = int((~a & bb).sum())
     if b + c == 0:
-        ci = (0.0, 0.0)
+        # No discordant item: the bootstrap collapses to (0, 0). The discordance rate, and so any
+        # accuracy difference, is still only bounded by the rule of three: |diff| <= 3/n at 95%.
+        r3 = rule_of_three(a.size)
+        ci = (-r3, r3)
     else:
         ci = paired_bootstrap_ci(a, bb, seed, n_boot)
     if ci[1] < 0:

@@ -55,6 +55,9 @@ def test_paired_verdicts():
     worse[:30] = False
     v = stats.paired_verdict(same, worse, seed=1)
     assert v.verdict == "FAIL" and v.b == 30 and v.c == 0 and v.mcnemar_p < 1e-8
+    # nothing discordant but only 50 items: 3/50 = 0.06 > margin 0.02, so no PASS yet
+    v = stats.paired_verdict(same[:50], same[:50], margin=0.02, seed=1)
+    assert v.verdict == "INCONCLUSIVE" and v.diff_ci == (-0.06, 0.06)
     few = same.copy()
     few[:2] = False
     v = stats.paired_verdict(same[:40], few[:40], seed=1)

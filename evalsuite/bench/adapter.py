@@ -1,0 +1,172 @@
+"""lm-eval model adapter over the engine protocol (a TemplateLM subclass).
+
+Registered as evalsuite-reference and evalsuite-megakernel: `--model_args model=smollm2-135m,
+dtype=float32,fault=...`. Greedy only: a request asking for sampling is refused, never silently
+decoded greedily.
+
+- loglikelihood: one teacher-forced `score` per (context + continuation); is_greedy is whether
+  every continuation token is the argmax at its position. For the megakernel engine `score` is its
+  XLA prefill path (the kernel is decode-only), so loglikelihood tasks do not exercise the kernel;
+  generate_until does.
+- loglikelihood_rolling: disjoint windows of max_length tokens (lm-eval's own window helper).
+- generate_until: batched greedy generation (engine.generate), cut at the first stop string.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+from evalsuite.errors import SpecError
+
+DEFAULT_MAX_GEN_TOKS = 256
+DEFAULT_MAX_LENGTH = 2048
+GEN_BATCH = 8
+
+
+class EngineLM(TemplateLM):
+    engine_name = "reference"
+
+    def __init__(self, model: str = "smollm2-135m", dtype: str = "float32", fault: str | None = None,
+                 max_length: int = DEFAULT_MAX_LENGTH, batch_size: int | str = GEN_BATCH,
+                 journal: str | None = None, progress: bool = True, **kwargs):
+        super().__init__()
+        self.journal = None
+        self.progress = progress
+        from evalsuite.engines import make_engine
+        from evalsuite.registry import load_model
+
+        self.model = load_model(model)
+        if self.model.tokenizer is None:
+            raise SpecError(f"model {model} has no tokenizer: lm-eval tasks need one")
+        self.engine = make_engine(self.engine_name, self.model, dtype, fault or None)
+        self.max_length = min(int(max_length), self.model.config.max_context)
+        self.gen_batch = int(batch_size) if str(batch_size).isdigit() else GEN_BATCH
+        self.identity = {"engine": self.engine_name, "model": model, "weights_sha256": self.model.weights.sha256,
+                         "dtype": dtype, "fault": fault or None, "max_length": self.max_length}
+        if journal:
+            from evalsuite.bench.journal import Journal
+
+            self.journal = Journal(journal)
+
+    # ---- tokenization -----------------------------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        return self.model.tokenizer.eos_ids[0]
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        return self.model.tokenizer.encode(string)
+
+    def tok_decode(self, ids) -> str:
+        return self.model.tokenizer.decode(list(ids))
+
+    @property
+    def tokenizer_name(self) -> str:
+        return f"evalsuite:{self.model.name}"
+
+    def apply_chat_template(self, chat_history: list[dict], add_generation_prompt: bool = True) -> str:
+        return self.model.tokenizer.render_chat(chat_history, add_generation_prompt)
+
+    # ---- scoring ----------------------------------------------------------------------------------
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
+        from evalsuite.bench.journal import request_key
+
+        out = []
+        bar = _bar(len(requests), "loglikelihood", self.progress and not disable_tqdm)
+        for _, context_enc, continuation_enc in requests:
+            key = request_key(self.identity, "ll", [list(context_enc), list(continuation_enc)])
+            hit = self.journal.get(key) if self.journal else None
+            if hit is None:
+                hit = {"key": key, "kind": "ll", "result": list(self._score_one(context_enc, continuation_enc))}
+                if self.journal:
+                    self.journal.add([hit])
+            out.append((float(hit["result"][0]), bool(hit["result"][1])))
+            bar.update(1)
+        bar.close()
+        return out
+
+    def _score_one(self, context_enc, continuation_enc) -> tuple[float, bool]:
+        seq = (list(context_enc) + list(continuation_enc))[-(self.max_length + 1):]
+        n = len(continuation_enc)
+        logits = self.engine.score([seq[:-1]])[0].logits  # row t predicts seq[t+1]
+        rows = logits[-n:].astype(np.float64)
+        z = rows - rows.max(axis=-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+        target = np.asarray(seq[-n:])
+        return float(logp[np.arange(n), target].sum()), bool((rows.argmax(axis=-1) == target).all())
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        out = []
+        for (string,) in [r.args for r in requests]:
+            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length, context_len=1)]
+            total = sum(ll for ll, _ in self._loglikelihood_tokens([(None, c, t) for c, t in windows]))
+            out.append(total)
+        return out
+
+    # ---- generation -------------------------------------------------------------------------------
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        from evalsuite.bench.journal import request_key
+
+        args = [r.args for r in requests]
+        out: list[str | None] = [None] * len(args)
+        self.generation_meta: dict[str, dict] = getattr(self, "generation_meta", {})
+        groups: dict[tuple, list[int]] = {}
+        keys = []
+        for i, (ctx, kw) in enumerate(args):
+            kw = dict(kw or {})
+            if kw.get("do_sample") or float(kw.get("temperature", 0.0) or 0.0) > 0:
+                raise SpecError("evalsuite engines decode greedily only: the task asks for sampling")
+            until = kw.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_toks = int(kw.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
+            keys.append(request_key(self.identity, "gen", [ctx, until, max_toks]))
+            hit = self.journal.get(keys[i]) if self.journal else None
+            if hit is not None:
+                out[i] = hit["result"]
+                self.generation_meta[ctx] = hit
+            else:
+                groups.setdefault((tuple(until), max_toks), []).append(i)
+        todo = sum(len(v) for v in groups.values())
+        bar = _bar(len(args), "generate", self.progress and not disable_tqdm, initial=len(args) - todo)
+        for (until, max_toks), idx in groups.items():
+            # longest first: similar lengths share a batch, and the ETA is pessimistic, not optimistic
+            idx = sorted(idx, key=lambda i: -len(args[i][0]))
+            for s in range(0, len(idx), self.gen_batch):
+                chunk = idx[s:s + self.gen_batch]
+                prompts = [self.tok_encode(args[i][0])[-(self.max_length - max_toks):] for i in chunk]
+                gens = self.engine.generate(prompts, max_toks, stop_ids=self.model.tokenizer.eos_ids, top_k=1)
+                recs = []
+                for i, g in zip(chunk, gens):
+                    text = self.tok_decode([t for t in g.token_ids if t not in self.model.tokenizer.eos_ids])
+                    hits = [text.find(u) for u in until if u and u in text]
+                    finish = "stop" if hits or g.finish_reason == "stop" else "length"
+                    out[i] = text[:min(hits)] if hits else text
+                    rec = {"key": keys[i], "kind": "gen", "result": out[i], "finish_reason": finish,
+                           "generated_tokens": len(g.token_ids), "raw": text}
+                    recs.append(rec)
+                    self.generation_meta[args[i][0]] = rec
+                if self.journal:
+                    self.journal.add(recs)
+                bar.update(len(chunk))
+        bar.close()
+        return out
+
+
+def _bar(total: int, desc: str, enabled: bool, initial: int = 0):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, unit="req", dynamic_ncols=True)
+
+
+@register_model("evalsuite-reference")
+class ReferenceLM(EngineLM):
+    engine_name = "reference"
+
+
+@register_model("evalsuite-megakernel")
+class MegakernelLM(EngineLM):
+    engine_name = "megakernel"

@@ -1,0 +1,233 @@
+"""`evalsuite run gsm8k|gpqa`: the same items, prompts and greedy decoding through two engines via
+lm-eval, then a paired per-item verdict (evalsuite.bench.stats)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from evalsuite.bench import stats
+from evalsuite.errors import SpecError
+from evalsuite.report import write_json
+from evalsuite.versions import versions
+
+TASKS_DIR = Path(__file__).resolve().parent.parent.parent / "tasks"
+# task -> variant -> (lm-eval task name, YAML folder, primary filter, metric, chat template)
+VARIANTS = {
+    "gsm8k": {"5shot": ("evalsuite_gsm8k", "gsm8k", "strict-match", "exact_match", False),
+              "chat": ("evalsuite_gsm8k", "gsm8k", "flexible-extract", "exact_match", True)},
+    "gpqa": {"mc": ("evalsuite_gpqa_mc", "gpqa", "none", "acc", False),
+             "cot": ("evalsuite_gpqa_cot", "gpqa", "answer-is", "exact_match", False)},
+}
+DEFAULT_VARIANT = {"gsm8k": "5shot", "gpqa": "mc"}
+BUNDLED = {"gsm8k": TASKS_DIR / "data" / "gsm8k_sample.jsonl", "gpqa": TASKS_DIR / "data" / "gpqa_sample.jsonl"}
+COLUMNS = {"gsm8k": ("question", "answer"),
+           "gpqa": ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")}
+PATTERNS = {"gsm8k": ("test*.parquet", "test*.jsonl", "test*.csv", "*gsm8k*test*"),
+            "gpqa": ("gpqa_diamond*.csv", "gpqa_diamond*.parquet", "gpqa_diamond*.jsonl", "*diamond*")}
+REPEAT_NGRAM = 4  # repetition loop: share of repeated 4-grams in a response
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    task: str
+    variant: str | None = None
+    engine: str = "megakernel"
+    against: str = "reference"
+    model: str = "smollm2-135m"
+    limit: int | None = None
+    data_dir: str | None = None
+    output: str = "runs/latest"
+    dtype: str = "float32"
+    fault: str | None = None
+    margin: float = stats.DEFAULT_MARGIN
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.task not in VARIANTS:
+            raise SpecError(f"unknown task {self.task!r}; expected one of {', '.join(VARIANTS)}")
+        v = self.variant or DEFAULT_VARIANT[self.task]
+        if v not in VARIANTS[self.task]:
+            raise SpecError(f"unknown variant {v!r} for {self.task}; expected one of {', '.join(VARIANTS[self.task])}")
+        if not 0 < self.margin < 1:
+            raise SpecError(f"--margin must be in (0, 1) (a share, e.g. 0.02), got {self.margin}")
+        if self.limit is not None and self.limit < 1:
+            raise SpecError(f"--limit must be >= 1, got {self.limit}")
+        if self.against != "reference":
+            raise SpecError("--against: only 'reference' is supported")
+
+
+def resolve_data(task: str, data_dir: str | None) -> tuple[Path, bool]:
+    """(file, is_bundled). The data file must hold the hub schema's columns."""
+    if data_dir is None:
+        return BUNDLED[task], True
+    d = Path(data_dir)
+    if not d.is_dir():
+        raise SpecError(f"--data-dir {d} is not a directory")
+    found = [p for pat in PATTERNS[task] for p in sorted(d.rglob(pat)) if p.is_file()]
+    if not found:
+        raise SpecError(f"--data-dir {d}: no {task} file ({', '.join(PATTERNS[task])})")
+    path = found[0]
+    cols = set(_load_rows(path)[0].keys())
+    missing = [c for c in COLUMNS[task] if c not in cols]
+    if missing:
+        raise SpecError(f"{path}: missing columns {missing} (the hub schema for {task} has {list(COLUMNS[task])})")
+    return path, False
+
+
+def _load_rows(path: Path) -> list[dict]:
+    import datasets
+
+    kind = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json"}.get(path.suffix)
+    if kind is None:
+        raise SpecError(f"{path}: unsupported data format {path.suffix} (parquet, csv, jsonl)")
+    try:
+        return list(datasets.load_dataset(kind, data_files=str(path), split="train"))
+    except Exception as e:  # datasets raises many kinds for malformed files
+        raise SpecError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _resolve_tasks(task: str, data: Path, out: Path) -> Path:
+    """Copy the task YAMLs into the run folder, pointing data_files at the chosen data, written
+    there as JSONL whatever its source format (parquet, CSV or JSONL in the hub schema)."""
+    dst = out / "tasks"
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(TASKS_DIR / VARIANTS[task][DEFAULT_VARIANT[task]][1], dst)
+    local = out / f"data-{task}.jsonl"
+    local.write_text("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in _load_rows(data)))
+    for y in dst.glob("*.yaml"):
+        text = y.read_text().replace(f"tasks/data/{BUNDLED[task].name}", str(local.resolve()))
+        fewshot = (TASKS_DIR / "data" / "gsm8k_fewshot.jsonl").resolve()
+        text = text.replace("tasks/data/gsm8k_fewshot.jsonl", str(fewshot))
+        y.write_text(text)
+    return dst
+
+
+def _repetition(text: str) -> float:
+    w = text.split()
+    grams = [tuple(w[i:i + REPEAT_NGRAM]) for i in range(len(w) - REPEAT_NGRAM + 1)]
+    return 1 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def _run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks_dir: Path, out: Path,
+                progress: Callable[[str], None]) -> dict:
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from evalsuite.bench.adapter import MegakernelLM, ReferenceLM
+
+    name, _, primary, metric, chat = VARIANTS[spec.task][spec.variant or DEFAULT_VARIANT[spec.task]]
+    progress(f"run: {spec.task} on {engine} ({dtype}, fault={fault})")
+    cls = ReferenceLM if engine == "reference" else MegakernelLM
+    eng_dir = out / engine
+    eng_dir.mkdir(parents=True, exist_ok=True)
+    lm = cls(model=spec.model, dtype=dtype, fault=fault, journal=str(eng_dir / "journal.jsonl"))
+    try:
+        res = lm_eval.simple_evaluate(model=lm, tasks=[name], limit=spec.limit, log_samples=True,
+                                      task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False),
+                                      apply_chat_template=chat, fewshot_as_multiturn=chat,
+                                      random_seed=spec.seed, numpy_random_seed=spec.seed,
+                                      torch_random_seed=spec.seed, fewshot_random_seed=spec.seed)
+    finally:
+        if lm.journal:
+            lm.journal.close()
+    samples = res.pop("samples")[name]
+    write_json(eng_dir / "lm_eval_results.json", json.loads(json.dumps(res, default=str)))
+    by_filter: dict[str, dict[int, dict]] = {}
+    for s in samples:
+        by_filter.setdefault(s.get("filter", "none"), {})[s["doc_id"]] = s
+    meta = getattr(lm, "generation_meta", {})
+    records = []
+    for doc_id, s in sorted(by_filter[primary].items()):
+        prompt = s["arguments"][0][0] if s["arguments"] else ""
+        gen = meta.get(prompt, {})
+        resp = s["resps"][0][0] if s["resps"] and s["resps"][0] else None
+        rec = {"doc_id": doc_id, "prompt_sha256": hashlib.sha256(str(prompt).encode()).hexdigest()[:16],
+               "response": resp if isinstance(resp, str) else json.dumps(resp),
+               "extracted": s["filtered_resps"][0] if s["filtered_resps"] else None,
+               "target": s.get("target"), "correct": bool(s[metric] > 0.5),
+               "finish_reason": gen.get("finish_reason", "n/a (loglikelihood)"),
+               "generated_tokens": gen.get("generated_tokens")}
+        for f, other in by_filter.items():
+            rec[f"correct_{f}"] = bool(other[doc_id][metric] > 0.5)
+        records.append(rec)
+    with open(eng_dir / "records.jsonl", "w") as fh:
+        fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    acc = float(np.mean([r["correct"] for r in records]))
+    return {"records": records, "accuracy": acc, "accuracy_ci95": stats.wilson_ci(sum(r["correct"] for r in records),
+                                                                                     len(records)),
+            "lm_eval_results": str(eng_dir / "lm_eval_results.json"), "primary_filter": primary}
+
+
+def _failures(records: list[dict], task: str) -> dict:
+    gen = [r for r in records if r["generated_tokens"] is not None]
+    out = {"truncated_at_budget": sum(r["finish_reason"] == "length" for r in gen),
+           "repetition_loops": sum(_repetition(r["response"]) > 0.3 for r in gen)}
+    if task == "gsm8k":
+        miss = 0
+        for r in gen:
+            gold = str(r["target"]).split("####")[-1].strip()
+            if not r["correct"] and re.search(rf"(?<![0-9]){re.escape(gold)}(?![0-9])", r["response"] or ""):
+                miss += 1
+        out["extraction_misses"] = miss
+        if all("correct_strict-match" in r for r in records):
+            out["strict_vs_flexible_disagreements"] = sum(
+                r["correct_strict-match"] != r["correct_flexible-extract"] for r in records)
+    return out
+
+
+def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: None) -> dict:
+    from evalsuite.registry import load_model
+
+    t0 = time.time()
+    out = Path(spec.output)
+    out.mkdir(parents=True, exist_ok=True)
+    data, bundled = resolve_data(spec.task, spec.data_dir)
+    n_items = len(_load_rows(data))
+    tasks_dir = _resolve_tasks(spec.task, data, out)
+    model = load_model(spec.model)
+    engines = {}
+    engines[spec.against] = _run_engine(spec, spec.against, "float32", None, tasks_dir, out, progress)
+    engines[spec.engine if spec.engine != spec.against else spec.engine + "-under-test"] = _run_engine(
+        spec, spec.engine, spec.dtype, spec.fault, tasks_dir, out, progress)
+    (ka, a), (kb, b) = list(engines.items())
+    ids = [r["doc_id"] for r in a["records"]]
+    assert ids == [r["doc_id"] for r in b["records"]], "both engines must see the same items"
+    v = stats.paired_verdict([r["correct"] for r in a["records"]], [r["correct"] for r in b["records"]],
+                             margin=spec.margin, seed=spec.seed)
+    agree = float(np.mean([x["correct"] == y["correct"] for x, y in zip(a["records"], b["records"])]))
+    same_resp = float(np.mean([x["response"] == y["response"] for x, y in zip(a["records"], b["records"])]))
+    result = {
+        "verdict": v.verdict, "task": spec.task, "variant": spec.variant or DEFAULT_VARIANT[spec.task],
+        "dataset": {"path": str(data), "bundled_sample": bundled, "items_in_file": n_items,
+                    "sha256": _file_sha256(data),
+                    "note": "BUNDLED SAMPLE written for evalsuite, not the real benchmark" if bundled
+                    else "user-supplied data in the hub schema"},
+        "items": len(ids), "model": spec.model, "weights_sha256": model.weights.sha256,
+        "engines": {k: {"accuracy": e["accuracy"], "accuracy_ci95": e["accuracy_ci95"],
+                        "primary_filter": e["primary_filter"], "lm_eval_results": e["lm_eval_results"],
+                        "failures": _failures(e["records"], spec.task)} for k, e in engines.items()},
+        "paired": {"b": v.b, "c": v.c, "mcnemar_p": v.mcnemar_p, "diff_ci": list(v.diff_ci),
+                   "item_agreement": agree, "identical_responses": same_resp, "margin": v.margin,
+                   "rule_of_three_upper": v.rule_of_three_upper, "bootstrap_seed": v.seed,
+                   "meaning": f"b = {ka} right and {kb} wrong; c = {ka} wrong and {kb} right; diff = "
+                              f"accuracy({kb}) - accuracy({ka})"},
+        "verdict_rule": f"PASS when the paired 95% CI lower end of the accuracy difference is above "
+                        f"-{spec.margin}; FAIL when its upper end is below 0; else INCONCLUSIVE",
+        "spec": asdict(spec), "seed": spec.seed, "versions": versions(), "seconds": round(time.time() - t0, 1),
+    }
+    write_json(out / "comparison.json", result)
+    return result

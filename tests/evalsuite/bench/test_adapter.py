@@ -1,0 +1,93 @@
+"""The lm-eval adapter through lm-eval's own simple_evaluate, offline, on a task YAML written here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+ITEMS = [  # written for this test: tiny arithmetic a byte-level random model can still be scored on
+    {"question": "2 + 2 =", "answer": "4"},
+    {"question": "3 + 5 =", "answer": "8"},
+    {"question": "1 + 6 =", "answer": "7"},
+]
+
+
+@pytest.fixture()
+def task_dir(tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(x) + "\n" for x in ITEMS))
+    (tmp_path / "tiny_gen.yaml").write_text(f"""
+task: tiny_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 6
+  do_sample: false
+metric_list:
+  - metric: exact_match
+""")
+    (tmp_path / "tiny_ll.yaml").write_text(f"""
+task: tiny_ll
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: ["4", "7", "8"]
+doc_to_target: "{{{{['4', '7', '8'].index(answer)}}}}"
+metric_list:
+  - metric: acc
+""")
+    return tmp_path
+
+
+@pytest.mark.parametrize("engine", ["reference", "megakernel"])
+def test_simple_evaluate_offline(task_dir, engine, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from evalsuite.bench.adapter import MegakernelLM, ReferenceLM
+
+    lm = (ReferenceLM if engine == "reference" else MegakernelLM)(model="mini-llama")
+    res = lm_eval.simple_evaluate(model=lm, tasks=["tiny_gen", "tiny_ll"],
+                                  task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
+                                  log_samples=True)
+    assert 0.0 <= res["results"]["tiny_gen"]["exact_match,none"] <= 1.0
+    assert 0.0 <= res["results"]["tiny_ll"]["acc,none"] <= 1.0
+    gens = [s["resps"][0][0] for s in res["samples"]["tiny_gen"]]
+    assert len(gens) == 3 and all("\n" not in g for g in gens)  # cut at the stop string
+    lls = [r[0][0] for s in res["samples"]["tiny_ll"] for r in s["resps"]]
+    assert all(ll < 0 for ll in lls)
+
+
+def test_adapters_agree_on_loglikelihood():
+    from evalsuite.bench.adapter import MegakernelLM, ReferenceLM
+
+    reqs = [(("ctx", "c"), [5, 9, 30, 44], [71, 12])]
+    a = ReferenceLM(model="mini-llama")._loglikelihood_tokens(reqs)[0]
+    b = MegakernelLM(model="mini-llama")._loglikelihood_tokens(reqs)[0]
+    assert a[1] == b[1] and abs(a[0] - b[0]) < 1e-4
+
+
+def test_sampling_is_refused():
+    from lm_eval.api.instance import Instance
+
+    from evalsuite.bench.adapter import ReferenceLM
+    from evalsuite.errors import SpecError
+
+    lm = ReferenceLM(model="mini-llama")
+    req = Instance("generate_until", {}, ("2 + 2 =", {"do_sample": True, "temperature": 0.7}), 0)
+    with pytest.raises(SpecError, match="greedily"):
+        lm.generate_until([req])

@@ -1,0 +1,107 @@
+"""`evalsuite run`: offline runs, real-data path, bad input, and kill-and-resume with a real signal."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def cli(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "evalsuite.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **OFFLINE})
+
+
+def test_gsm8k_and_gpqa_on_bundled_data(tmp_path):
+    for task in ("gsm8k", "gpqa"):
+        p = cli("run", task, "--model", "mini-llama", "--limit", "5", "--output", str(tmp_path / task), "--json")
+        assert p.returncode in (0, 1), p.stderr[-2000:]
+        r = json.loads(p.stdout)
+        assert r["dataset"]["bundled_sample"] and "BUNDLED SAMPLE" in r["dataset"]["note"]
+        assert r["items"] == 5 and set(r["engines"]) == {"reference", "megakernel"}
+        for k in ("b", "c", "mcnemar_p", "diff_ci"):
+            assert k in r["paired"]
+        assert r["verdict"] in ("PASS", "FAIL", "INCONCLUSIVE")
+        assert (tmp_path / task / "megakernel" / "records.jsonl").read_text().count("\n") == 5
+        assert (tmp_path / task / "reference" / "lm_eval_results.json").is_file()
+
+
+def test_data_dir_in_hub_schema_is_used_and_named(tmp_path):
+    import datasets
+
+    d = tmp_path / "hub" / "gsm8k" / "main"
+    d.mkdir(parents=True)
+    rows = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(4)]
+    datasets.Dataset.from_list(rows).to_parquet(str(d / "test-00000-of-00001.parquet"))
+    p = cli("run", "gsm8k", "--model", "mini-llama", "--data-dir", str(tmp_path / "hub"),
+            "--output", str(tmp_path / "out"), "--json")
+    assert p.returncode in (0, 1), p.stderr[-2000:]
+    r = json.loads(p.stdout)
+    assert not r["dataset"]["bundled_sample"] and r["dataset"]["path"].endswith(".parquet")
+    assert r["items"] == 4 and r["dataset"]["items_in_file"] == 4
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "mmlu"], "unknown task 'mmlu'"),
+    (["run", "gsm8k", "--variant", "10shot"], "unknown variant '10shot'"),
+    (["run", "gsm8k", "--margin", "5"], "--margin must be in (0, 1)"),
+])
+def test_bad_input_one_line(args, needle):
+    p = cli(*args, "--model", "mini-llama")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0]
+
+
+def test_missing_columns_and_corrupt_journal(tmp_path):
+    d = tmp_path / "bad"
+    d.mkdir()
+    (d / "test.jsonl").write_text(json.dumps({"q": "x"}) + "\n")
+    p = cli("run", "gsm8k", "--model", "mini-llama", "--data-dir", str(d), "--output", str(tmp_path / "o"))
+    assert p.returncode == 2 and "missing columns ['question', 'answer']" in p.stderr
+    out = tmp_path / "o2"
+    (out / "reference").mkdir(parents=True)
+    (out / "reference" / "journal.jsonl").write_text('{"key": "a", "kind": "gen", "result": "x"}\n{broken\n')
+    p = cli("run", "gsm8k", "--model", "mini-llama", "--limit", "2", "--output", str(out))
+    assert p.returncode == 2 and "corrupt journal line 2" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_kill_and_resume_loses_and_redoes_nothing(tmp_path):
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "evalsuite.cli", "run", "gsm8k", "--model", "mini-llama", "--limit", "40",
+            "--output", str(out), "--json"]
+    journal = out / "reference" / "journal.jsonl"
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **OFFLINE})
+    deadline = time.time() + 600
+    while time.time() < deadline:  # wait until at least one batch is journaled, then kill mid-run
+        if journal.exists() and journal.read_text().count("\n") >= 8:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = journal.read_text().splitlines()
+    assert 8 <= len(before) < 40, "the kill must land mid-run"
+    p = cli("run", "gsm8k", "--model", "mini-llama", "--limit", "40", "--output", str(out), "--json")
+    assert p.returncode in (0, 1), p.stderr[-2000:]
+    after = journal.read_text().splitlines()
+    assert after[:len(before)] == before  # nothing lost or rewritten
+    keys = [json.loads(x)["key"] for x in after]
+    assert len(keys) == len(set(keys)) == 40  # nothing redone, nothing missing
+    assert json.loads(p.stdout)["items"] == 40
+
+
+@pytest.mark.slow
+def test_faulty_engine_shows_the_loss(tmp_path):
+    """drop_layer on smollm2: responses change; with the loss large enough, the verdict is FAIL."""
+    p = cli("run", "gsm8k", "--model", "smollm2-135m", "--limit", "20", "--fault", "drop_layer",
+            "--output", str(tmp_path / "f"), "--json")
+    r = json.loads(p.stdout)
+    assert r["paired"]["identical_responses"] < 1.0
+    assert r["paired"]["b"] + r["paired"]["c"] > 0 or r["verdict"] != "PASS"
