@@ -196,7 +196,8 @@ def golden_check(models_, engine, dtype, fault, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def run_cmd(task, variant, engine, against, model, limit, data_dir, output, dtype, fault, margin, seed,
             as_json) -> None:
-    """Benchmark TASK (gsm8k, gpqa) on ENGINE and the reference; paired verdict. Exit 0 PASS, 1 otherwise."""
+    """Benchmark TASK (gsm8k, gpqa) on ENGINE and the reference; paired verdict.
+    Exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 usage error."""
     from evalsuite.bench.run import RunSpec, run_benchmark
 
     spec = RunSpec(task=task, variant=variant, engine=engine, against=against, model=model, limit=limit,
@@ -211,7 +212,7 @@ def run_cmd(task, variant, engine, against, model, limit, data_dir, output, dtyp
                    f"({'bundled sample' if r['dataset']['bundled_sample'] else r['dataset']['path']}): {accs}; "
                    f"b={p['b']} c={p['c']} McNemar p={p['mcnemar_p']:.3g}, diff 95% CI "
                    f"[{p['diff_ci'][0]:+.3f}, {p['diff_ci'][1]:+.3f}], margin {p['margin']}")
-    sys.exit(0 if r["verdict"] == "PASS" else 1)
+    sys.exit({"PASS": 0, "FAIL": 1}.get(r["verdict"], 3))
 
 
 @main.command("lm-eval", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,

@@ -4,10 +4,10 @@ Registered as evalsuite-reference and evalsuite-megakernel: `--model_args model=
 dtype=float32,fault=...`. Greedy only: a request asking for sampling is refused, never silently
 decoded greedily.
 
-- loglikelihood: one teacher-forced `score` per (context + continuation); is_greedy is whether
-  every continuation token is the argmax at its position. For the megakernel engine `score` is its
-  XLA prefill path (the kernel is decode-only), so loglikelihood tasks do not exercise the kernel;
-  generate_until does.
+- loglikelihood: per (context, continuation), the engine's decode path teacher-forced
+  (`decode_forced`): all but the last context token are prefilled, then every continuation token
+  is scored by a decode step, so for the megakernel every scored token comes from the kernel.
+  is_greedy is whether every continuation token is the argmax at its position.
 - loglikelihood_rolling: disjoint windows of max_length tokens (lm-eval's own window helper).
 - generate_until: batched greedy generation (engine.generate), cut at the first stop string.
 """
@@ -90,8 +90,15 @@ class EngineLM(TemplateLM):
     def _score_one(self, context_enc, continuation_enc) -> tuple[float, bool]:
         seq = (list(context_enc) + list(continuation_enc))[-(self.max_length + 1):]
         n = len(continuation_enc)
-        logits = self.engine.score([seq[:-1]])[0].logits  # row t predicts seq[t+1]
-        rows = logits[-n:].astype(np.float64)
+        if len(seq) - n >= 2:
+            # Through the engine's decode path: prefill all but the last context token, then feed it
+            # and the continuation one by one, so every scored token comes from a decode step (for
+            # the megakernel: from the kernel, not its XLA prefill).
+            ctx = seq[:-n]
+            rows = self.engine.decode_forced([ctx[:-1]], [[ctx[-1]] + seq[-n:-1]])[0]  # row j predicts seq[-n+j]
+        else:
+            rows = self.engine.score([seq[:-1]])[0].logits[-n:]  # row t predicts seq[t+1]
+        rows = rows.astype(np.float64)
         z = rows - rows.max(axis=-1, keepdims=True)
         logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
         target = np.asarray(seq[-n:])

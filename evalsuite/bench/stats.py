@@ -75,8 +75,9 @@ class PairedVerdict:
 def paired_verdict(correct_a, correct_b, margin: float = DEFAULT_MARGIN, seed: int = 0,
                    n_boot: int = 10_000) -> PairedVerdict:
     """Non-inferiority of B against A: PASS when the lower end of the paired 95% CI of
-    acc_b - acc_a is above -margin; FAIL when its upper end is below 0 (a loss is shown);
-    otherwise INCONCLUSIVE (more items needed)."""
+    acc_b - acc_a is above -margin, or when no item is discordant at all (no observed loss; the
+    rule-of-three bound 3/n on the flip rate is reported); FAIL when the CI's upper end is below 0
+    (a loss is shown); otherwise INCONCLUSIVE (more items needed)."""
     if not 0 < margin < 1:
         raise ValueError(f"margin must be in (0, 1), got {margin}")
     a = np.asarray(correct_a, bool)
@@ -94,7 +95,9 @@ def paired_verdict(correct_a, correct_b, margin: float = DEFAULT_MARGIN, seed: i
         ci = paired_bootstrap_ci(a, bb, seed, n_boot)
     if ci[1] < 0:
         verdict = "FAIL"
-    elif ci[0] > -margin:
+    elif ci[0] > -margin or b + c == 0:
+        # No discordant item means no observed loss on these items; the rule-of-three bound
+        # (reported with the verdict) says how strongly that generalises.
         verdict = "PASS"
     else:
         verdict = "INCONCLUSIVE"
