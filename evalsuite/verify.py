@@ -48,7 +48,7 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
     lines = [f"# evalsuite verify: {engine} ({dtype}, fault={fault or 'none'}) on {model} — **{overall}**", "",
              "| part | verdict | figures |", "|---|---|---|"]
     g = parts["golden"]
-    lines.append(f"| golden | {g['verdict']} | " + (f"{g['summary'].get('positions', 0)} positions, max |Δlogprob| "
+    lines.append(f"| golden | {g['verdict']} | " + (f"{g['summary'].get('positions', 0)} positions, max abs Δlogprob "
                                                      f"{g['summary'].get('max_dlogprob', 0):.2e}" if g.get("summary")
                                                      else "; ".join(g["problems"])) + " |")
     lines.append(f"| diff | {d['verdict']} | {d['real_mismatches']} real, {d['benign_divergences']} benign, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import time
@@ -19,6 +20,10 @@ from evalsuite.errors import SpecError
 from evalsuite.report import write_json
 from evalsuite.versions import versions
 
+# Every dataset evalsuite reads is a local file: never let `datasets`/lm-eval reach for the hub
+# (on a machine without it they wait on timeouts). Set before either library is imported.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 TASKS_DIR = Path(__file__).resolve().parent.parent.parent / "tasks"
 # task -> variant -> (lm-eval task name, YAML folder, primary filter, metric, chat template)
 VARIANTS = {
