@@ -99,13 +99,16 @@ def test_kill_and_resume_loses_and_redoes_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_faulty_engine_shows_the_loss(tmp_path):
-    """drop_layer on smollm2: responses change; with the loss large enough, the verdict is FAIL."""
+def test_faulty_engine_is_exposed(tmp_path):
+    """drop_layer on smollm2, 20 bundled gsm8k items: measured, the accuracies stay equal (b = c = 0:
+    a 135M model scores 1/20 either way, so the data cannot support a FAIL), but the greedy
+    responses differ on 19 of 20 items and the result says so. The faithful engine's match."""
     p = cli("run", "gsm8k", "--model", "smollm2-135m", "--limit", "20", "--fault", "drop_layer",
             "--output", str(tmp_path / "f"), "--json")
     r = json.loads(p.stdout)
-    assert r["paired"]["identical_responses"] < 1.0
-    assert r["paired"]["b"] + r["paired"]["c"] > 0 or r["verdict"] != "PASS"
+    assert r["paired"]["identical_responses"] < 0.5
+    assert r["warnings"] and "responses differ" in r["warnings"][0]
+    assert p.returncode == {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3}[r["verdict"]]
 
 
 def test_lm_eval_command_line_with_registered_models():
