@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from engines.base import Generation, next_pow2
+from engines.errors import ModelError
 
 MIN_PREFILL_BUCKET = 16  # prefill lengths round up to powers of two from here: few compilations
 # Padded prefill tokens (rows x bucketed length) per call. Prefill attention holds [rows, heads, T, T]
@@ -99,3 +100,37 @@ def forced_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence
         steps.append(np.asarray(lg))
     stacked = np.stack(steps, axis=1)  # [B, n_max, V]
     return [stacked[r, :len(continuations[r])] for r in range(n)]
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_context: int, max_new: int) -> None:
+    """Raise ModelError for an empty prompt, an id outside the vocabulary or too long a request."""
+    if max_new < 1:
+        raise ModelError(f"max_new_tokens must be >= 1, got {max_new}")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ModelError(f"prompt {i} is empty")
+        bad = [t for t in p if not 0 <= int(t) < vocab]
+        if bad:
+            raise ModelError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {vocab})")
+        if len(p) + max_new > max_context:
+            raise ModelError(f"prompt {i} has {len(p)} tokens; with max_new_tokens {max_new} it "
+                             f"exceeds the model's context of {max_context}")
+
+
+def greedy_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,
+               stop_ids: Sequence[int], k: int, want_logits: bool, max_rows: int) -> list[Generation]:
+    """greedy_batch over every prompt, in calls bounded by max_rows and the prefill token budget."""
+    out: list[Generation] = []
+    for idx in batches([len(p) for p in prompts], max_rows):
+        out.extend(greedy_batch(prefill, decode, [prompts[i] for i in idx], max_new,
+                                {int(s) for s in stop_ids}, k, want_logits))
+    return out
+
+
+def forced_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]],
+               continuations: Sequence[Sequence[int]], max_rows: int) -> list[np.ndarray]:
+    """forced_batch over every prompt, in calls bounded by max_rows and the prefill token budget."""
+    out: list[np.ndarray] = []
+    for idx in batches([len(p) for p in prompts], max_rows):
+        out.extend(forced_batch(prefill, decode, [prompts[i] for i in idx], [continuations[i] for i in idx]))
+    return out

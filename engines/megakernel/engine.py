@@ -11,7 +11,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from engines.base import DTYPES, Generation, Scored, next_pow2
 from engines.errors import ModelError
-from engines.loop import MIN_PREFILL_BUCKET, batches, forced_batch, greedy_batch
+from engines.loop import MIN_PREFILL_BUCKET, check_prompts, forced_all, greedy_all
 from engines.megakernel import ops
 from engines.megakernel.kernel import FAULTS, KernelSpec, attn_keys, decode_layers, dense_keys, moe_keys
 from engines.megakernel.prefill import prefill_hidden
@@ -125,15 +125,11 @@ class MegakernelEngine:
 
     # ---- the protocol --------------------------------------------------------------------------
     def _check(self, prompts, max_new):
-        from engines.reference.engine import check_prompts  # input validation only, no math
-
         check_prompts(prompts, self.config.vocab_size, self.config.max_context, max_new)
 
     def score(self, seqs: Sequence[Sequence[int]], want_taps: bool = False) -> list[Scored]:
         """Teacher-forced logits through the engine's XLA prefill path (the kernel is decode-only;
         use decode_forced for kernel logits at given tokens)."""
-        from engines.reference.engine import check_prompts
-
         check_prompts(seqs, self.config.vocab_size, self.config.max_context + 1, 1)
         out = []
         for s in seqs:
@@ -157,21 +153,14 @@ class MegakernelEngine:
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  stop_ids: Sequence[int] = (), top_k: int = 5, want_logits: bool = False) -> list[Generation]:
         self._check(prompts, max_new_tokens)
-        out: list[Generation] = []
-        for idx in batches([len(p) for p in prompts], MAX_BATCH):
-            out.extend(greedy_batch(self._prefill_step, self._decode_step, [prompts[i] for i in idx],
-                                    max_new_tokens, {int(s) for s in stop_ids}, top_k, want_logits))
-        return out
+        return greedy_all(self._prefill_step, self._decode_step, prompts, max_new_tokens, stop_ids, top_k,
+                          want_logits, MAX_BATCH)
 
     def decode_forced(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Prefill (XLA), then every continuation token through the kernel; logits [N, V] per row."""
         self._check([list(p) + list(x) for p, x in zip(prompts, continuations)], 1)
-        out: list[np.ndarray] = []
-        for idx in batches([len(p) for p in prompts], MAX_BATCH):
-            out.extend(forced_batch(self._prefill_step, self._decode_step, [prompts[i] for i in idx],
-                                    [continuations[i] for i in idx]))
-        return out
+        return forced_all(self._prefill_step, self._decode_step, prompts, continuations, MAX_BATCH)
 
     def step_taps(self, prompts: Sequence[Sequence[int]], next_ids: Sequence[int]) -> np.ndarray:
         """Prefill each prompt, then run ONE kernel step on next_ids with taps on.

@@ -11,26 +11,11 @@ import numpy as np
 
 from engines.base import DTYPES, Generation, Scored, next_pow2
 from engines.errors import ModelError
-from engines.loop import MIN_PREFILL_BUCKET, batches, forced_batch, greedy_batch
+from engines.loop import MIN_PREFILL_BUCKET, check_prompts, forced_all, greedy_all
 from engines.reference import model
 from engines.weights import Weights
 
 MAX_BATCH = 32  # rows per device call; larger prompt lists run in chunks
-
-
-def check_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_context: int, max_new: int) -> None:
-    """Raise ModelError for an empty prompt, an id outside the vocabulary or too long a request."""
-    if max_new < 1:
-        raise ModelError(f"max_new_tokens must be >= 1, got {max_new}")
-    for i, p in enumerate(prompts):
-        if len(p) == 0:
-            raise ModelError(f"prompt {i} is empty")
-        bad = [t for t in p if not 0 <= int(t) < vocab]
-        if bad:
-            raise ModelError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {vocab})")
-        if len(p) + max_new > max_context:
-            raise ModelError(f"prompt {i} has {len(p)} tokens; with max_new_tokens {max_new} it "
-                             f"exceeds the model's context of {max_context}")
 
 
 
@@ -124,11 +109,8 @@ class ReferenceEngine:
         check_prompts(prompts, c.vocab_size, c.max_context, max_new_tokens)
         if not 1 <= top_k <= c.vocab_size:
             raise ModelError(f"top_k must be in [1, {c.vocab_size}], got {top_k}")
-        out: list[Generation] = []
-        for idx in batches([len(p) for p in prompts], MAX_BATCH):
-            out.extend(greedy_batch(self._prefill_step, self._decode_step, [prompts[i] for i in idx],
-                                    max_new_tokens, {int(s) for s in stop_ids}, top_k, want_logits))
-        return out
+        return greedy_all(self._prefill_step, self._decode_step, prompts, max_new_tokens, stop_ids, top_k,
+                          want_logits, MAX_BATCH)
 
     def decode_forced(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:
@@ -138,11 +120,7 @@ class ReferenceEngine:
         c = self.config
         check_prompts([list(p) + list(x) for p, x in zip(prompts, continuations)], c.vocab_size,
                       c.max_context + 1, 1)
-        out: list[np.ndarray] = []
-        for idx in batches([len(p) for p in prompts], MAX_BATCH):
-            out.extend(forced_batch(self._prefill_step, self._decode_step, [prompts[i] for i in idx],
-                                    [continuations[i] for i in idx]))
-        return out
+        return forced_all(self._prefill_step, self._decode_step, prompts, continuations, MAX_BATCH)
 
     def _prefill_step(self, tokens, lengths, slots, k, want_logits):
         kc, vc = self.new_cache(tokens.shape[0], slots)
