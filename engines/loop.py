@@ -21,6 +21,9 @@ MIN_PREFILL_BUCKET = 16  # prefill lengths round up to powers of two from here: 
 # Padded prefill tokens (rows x bucketed length) per call. Prefill attention holds [rows, heads, T, T]
 # scores: 8 rows of a 2048 bucket took the 24 GiB machine out of memory; 4096 keeps it under 1 GiB.
 PREFILL_TOKEN_BUDGET = 4096
+# A prefix shared by every prompt of a call (lm-eval's few-shot exemplars) is prefilled once and its
+# KV cache copied into each row when it is at least this long; shorter ones are not worth a call.
+MIN_SHARED_PREFIX = 32
 
 
 def batches(lengths: Sequence[int], max_rows: int, token_budget: int = PREFILL_TOKEN_BUDGET) -> list[list[int]]:
@@ -52,12 +55,33 @@ def _pad(prompts: Sequence[Sequence[int]], extra: int):
     return tokens, lengths, S
 
 
+def common_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """Length of the token prefix all prompts share, leaving every prompt at least one own token."""
+    n = min(len(p) for p in prompts) - 1
+    first = np.asarray(prompts[0][:n])
+    for p in prompts[1:]:
+        same = np.asarray(p[:n]) == first[:n]
+        n = int(np.argmin(same)) if not same.all() else n
+    return max(n, 0)
+
+
 def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,
-                 stop: set[int], k: int, want_logits: bool) -> list[Generation]:
+                 stop: set[int], k: int, want_logits: bool, extend: Callable | None = None,
+                 prefix_len: int = 0) -> list[Generation]:
+    """Greedy decode of one batch. With extend and prefix_len > 0 (the prompts' shared prefix), only
+    each row's own suffix is prefilled: extend(prefix, suffix tokens, suffix lengths, slots, k,
+    want_logits) starts from the prefix's cached K/V (computed once by the engine)."""
     n = len(prompts)
-    tokens, lengths, S = _pad(prompts, max_new)
-    nxt, ti, tv, lg, state = prefill(tokens, lengths, S, k, want_logits)
-    pos = lengths.copy()
+    if extend is not None and prefix_len > 0:
+        P = prefix_len
+        tokens, lengths, _ = _pad([p[P:] for p in prompts], max_new)
+        S = next_pow2(max(next_pow2(P, MIN_PREFILL_BUCKET), P + tokens.shape[1], P + int(lengths.max()) + max_new))
+        nxt, ti, tv, lg, state = extend(tuple(int(t) for t in prompts[0][:P]), tokens, lengths, S, k, want_logits)
+        pos = lengths + P
+    else:
+        tokens, lengths, S = _pad(prompts, max_new)
+        nxt, ti, tv, lg, state = prefill(tokens, lengths, S, k, want_logits)
+        pos = lengths.copy()
     ids: list[list[int]] = [[] for _ in range(n)]
     tops_i: list[list] = [[] for _ in range(n)]
     tops_v: list[list] = [[] for _ in range(n)]
@@ -118,12 +142,17 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_context: int
 
 
 def greedy_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,
-               stop_ids: Sequence[int], k: int, want_logits: bool, max_rows: int) -> list[Generation]:
-    """greedy_batch over every prompt, in calls bounded by max_rows and the prefill token budget."""
+               stop_ids: Sequence[int], k: int, want_logits: bool, max_rows: int,
+               extend: Callable | None = None) -> list[Generation]:
+    """greedy_batch over every prompt, in calls bounded by max_rows and the prefill token budget.
+    When the engine offers extend and the prompts share a prefix of MIN_SHARED_PREFIX tokens or
+    more, batches are formed on the suffix lengths and the prefix is not recomputed per row."""
+    P = common_prefix(prompts) if extend is not None and len(prompts) > 1 else 0
+    P = P if P >= MIN_SHARED_PREFIX else 0
     out: list[Generation] = []
-    for idx in batches([len(p) for p in prompts], max_rows):
+    for idx in batches([len(p) - P for p in prompts], max_rows):
         out.extend(greedy_batch(prefill, decode, [prompts[i] for i in idx], max_new,
-                                {int(s) for s in stop_ids}, k, want_logits))
+                                {int(s) for s in stop_ids}, k, want_logits, extend, P))
     return out
 
 

@@ -16,10 +16,6 @@ from engines.reference import model
 from engines.weights import Weights
 
 MAX_BATCH = 32  # rows per device call; larger prompt lists run in chunks
-
-
-
-
 PER_LAYER_SKIP = ("embed", "lm_head", "final_norm")
 
 
@@ -58,6 +54,10 @@ class ReferenceEngine:
                                 donate_argnums=(3, 4))
         self._decode = jax.jit(partial(self._decode_impl, c), static_argnames=("k", "want_logits"),
                                donate_argnums=(3, 4))
+        self._extend = jax.jit(partial(self._extend_impl, c), static_argnames=("k", "want_logits"),
+                               donate_argnums=(4, 5))
+        self._seed = jax.jit(self._seed_impl, static_argnames=("batch", "slots"))
+        self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its per-layer K/V)
 
     # ---- jitted pieces -------------------------------------------------------------------------
     @staticmethod
@@ -81,6 +81,22 @@ class ReferenceEngine:
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         last, kc, vc, _ = model.forward(p, c, tokens, positions, kc, vc, logit_index=lengths - 1)
         return (*cls._pick(last, k, want_logits), kc, vc)
+
+    @classmethod
+    def _extend_impl(cls, c, p, tokens, lengths, start, kc, vc, k, want_logits):
+        """Prefill suffixes [B, T] at positions start.. over a cache already holding the prefix."""
+        B, T = tokens.shape
+        positions = start + jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        last, kc, vc, _ = model.forward(p, c, tokens, positions, kc, vc, logit_index=lengths - 1)
+        return (*cls._pick(last, k, want_logits), kc, vc)
+
+    @staticmethod
+    def _seed_impl(pk, pv, batch, slots):
+        """Per layer [batch, K, slots, hd] caches whose first slots hold the prefix's K/V [1, K, P, hd]."""
+        def grow(x):
+            return jnp.zeros((batch, x.shape[1], slots, x.shape[3]), x.dtype).at[:, :, :x.shape[2]].set(
+                jnp.broadcast_to(x, (batch, *x.shape[1:])))
+        return [grow(x) for x in pk], [grow(x) for x in pv]
 
     @classmethod
     def _decode_impl(cls, c, p, tokens, positions, kc, vc, k, want_logits):
@@ -110,7 +126,7 @@ class ReferenceEngine:
         if not 1 <= top_k <= c.vocab_size:
             raise ModelError(f"top_k must be in [1, {c.vocab_size}], got {top_k}")
         return greedy_all(self._prefill_step, self._decode_step, prompts, max_new_tokens, stop_ids, top_k,
-                          want_logits, MAX_BATCH)
+                          want_logits, MAX_BATCH, extend=self._extend_step)
 
     def decode_forced(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:
@@ -126,6 +142,21 @@ class ReferenceEngine:
         kc, vc = self.new_cache(tokens.shape[0], slots)
         *out, kc, vc = self._prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths), kc, vc,
                                      k=k, want_logits=want_logits)
+        return (*out, (kc, vc))
+
+    def _extend_step(self, prefix, tokens, lengths, slots, k, want_logits):
+        """Prefill only the suffixes; the shared prefix's K/V is computed once and kept (one entry:
+        lm-eval's few-shot prefix is the same for every item of a task)."""
+        if self._prefix is None or self._prefix[0] != prefix:
+            P = len(prefix)
+            ptoks = np.zeros((1, next_pow2(P, MIN_PREFILL_BUCKET)), np.int32)
+            ptoks[0, :P] = prefix
+            state = self._prefill_step(ptoks, np.array([P], np.int32), ptoks.shape[1], 1, False)[-1]
+            self._prefix = (prefix, state)
+        pk, pv = self._prefix[1]
+        kc, vc = self._seed(pk, pv, batch=tokens.shape[0], slots=slots)
+        *out, kc, vc = self._extend(self.params, jnp.asarray(tokens), jnp.asarray(lengths),
+                                    jnp.int32(len(prefix)), kc, vc, k=k, want_logits=want_logits)
         return (*out, (kc, vc))
 
     def _decode_step(self, ids, positions, state, k, want_logits):
