@@ -70,12 +70,29 @@ class EngineLM(TemplateLM):
         return self.model.tokenizer.render_chat(chat_history, add_generation_prompt)
 
     # ---- scoring ----------------------------------------------------------------------------------
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        # Keep each request's doc and choice index for the bar's running accuracy (TemplateLM hands
+        # _loglikelihood_tokens only the token ids).
+        from collections import Counter
+
+        ids = [(getattr(r, "task_name", None), getattr(r, "doc_id", None)) for r in requests]
+        per_doc = Counter(ids)  # a doc's requests are its choices
+        self._ll_docs = [(getattr(r, "doc", None), d, getattr(r, "idx", 0), per_doc[d]) for r, d in zip(requests, ids)]
+        try:
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        finally:
+            self._ll_docs = None
+
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
         from evalsuite.bench.journal import request_key
+        from evalsuite.bench.live import ChoiceTally
 
         out = []
+        docs = getattr(self, "_ll_docs", None)
+        docs = docs if docs is not None and len(docs) == len(requests) else None
+        tally = self.live = ChoiceTally()
         bar = _bar(len(requests), "loglikelihood", self.progress and not disable_tqdm)
-        for _, context_enc, continuation_enc in requests:
+        for j, (_, context_enc, continuation_enc) in enumerate(requests):
             key = request_key(self.identity, "ll", [list(context_enc), list(continuation_enc)])
             hit = self.journal.get(key) if self.journal else None
             if hit is None:
@@ -83,6 +100,10 @@ class EngineLM(TemplateLM):
                 if self.journal:
                     self.journal.add([hit])
             out.append((float(hit["result"][0]), bool(hit["result"][1])))
+            if docs is not None:
+                doc, doc_id, idx, n = docs[j]
+                tally.add_choice(doc, doc_id, idx, n, out[-1][0])
+                bar.set_postfix(tally.postfix(), refresh=False)
             bar.update(1)
         bar.close()
         return out
@@ -117,8 +138,11 @@ class EngineLM(TemplateLM):
     # ---- generation -------------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         from evalsuite.bench.journal import request_key
+        from evalsuite.bench.live import Tally, judge_generation
 
         args = [r.args for r in requests]
+        docs = [getattr(r, "doc", None) for r in requests]
+        tally = self.live = Tally()
         out: list[str | None] = [None] * len(args)
         self.generation_meta: dict[str, dict] = getattr(self, "generation_meta", {})
         groups: dict[tuple, list[int]] = {}
@@ -135,10 +159,12 @@ class EngineLM(TemplateLM):
             if hit is not None:
                 out[i] = hit["result"]
                 self.generation_meta[ctx] = hit
+                tally.add(judge_generation(docs[i], out[i]))
             else:
                 groups.setdefault((tuple(until), max_toks), []).append(i)
         todo = sum(len(v) for v in groups.values())
         bar = _bar(len(args), "generate", self.progress and not disable_tqdm, initial=len(args) - todo)
+        bar.set_postfix(tally.postfix(), refresh=False)
         for (until, max_toks), idx in groups.items():
             # longest first: similar lengths share a batch, and the ETA is pessimistic, not optimistic
             idx = sorted(idx, key=lambda i: -len(args[i][0]))
@@ -156,8 +182,10 @@ class EngineLM(TemplateLM):
                            "generated_tokens": len(g.token_ids), "raw": text}
                     recs.append(rec)
                     self.generation_meta[args[i][0]] = rec
+                    tally.add(judge_generation(docs[i], out[i]))
                 if self.journal:
                     self.journal.add(recs)
+                bar.set_postfix(tally.postfix(), refresh=False)
                 bar.update(len(chunk))
         bar.close()
         return out

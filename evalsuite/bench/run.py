@@ -177,7 +177,9 @@ def _run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks
     with open(eng_dir / "records.jsonl", "w") as fh:
         fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     acc = float(np.mean([r["correct"] for r in records]))
-    return {"records": records, "accuracy": acc, "accuracy_ci95": stats.wilson_ci(sum(r["correct"] for r in records),
+    live = getattr(lm, "live", None)  # the progress bar's running estimate, kept as a cross-check
+    return {"records": records, "accuracy": acc,
+            "live_accuracy": live.right / live.seen if live is not None and live.seen else None, "accuracy_ci95": stats.wilson_ci(sum(r["correct"] for r in records),
                                                                                      len(records)),
             "lm_eval_results": str(eng_dir / "lm_eval_results.json"), "primary_filter": primary}
 
@@ -230,6 +232,7 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
                     else "user-supplied data in the hub schema"},
         "items": len(ids), "model": spec.model, "weights_sha256": model.weights.sha256,
         "engines": {k: {"accuracy": e["accuracy"], "accuracy_ci95": e["accuracy_ci95"],
+                        "live_accuracy": e["live_accuracy"],
                         "primary_filter": e["primary_filter"], "lm_eval_results": e["lm_eval_results"],
                         "failures": _failures(e["records"], spec.task)} for k, e in engines.items()},
         "paired": {"b": v.b, "c": v.c, "mcnemar_p": v.mcnemar_p, "diff_ci": list(v.diff_ci),

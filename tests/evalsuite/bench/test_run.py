@@ -30,6 +30,8 @@ def test_gsm8k_and_gpqa_on_bundled_data(tmp_path):
         for k in ("b", "c", "mcnemar_p", "diff_ci"):
             assert k in r["paired"]
         assert r["verdict"] in ("PASS", "FAIL", "INCONCLUSIVE")
+        for e in r["engines"].values():  # the progress bar's running accuracy ends at lm-eval's score
+            assert e["live_accuracy"] == pytest.approx(e["accuracy"])
         assert (tmp_path / task / "megakernel" / "records.jsonl").read_text().count("\n") == 5
         assert (tmp_path / task / "reference" / "lm_eval_results.json").is_file()
 
