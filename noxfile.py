@@ -34,6 +34,14 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/decode.py", *session.posargs)
 
 
+@nox.session(python=False)
+def bench_fewshot(session: nox.Session) -> None:
+    """GSM8K 5-shot items/min vs lm-eval's hf backend (creates .venv and .venv-hf; see README)."""
+    session.run("bash", "install.sh", external=True)
+    session.run("bash", "benchmarks/install_hf.sh", external=True)
+    session.run(".venv/bin/python", "benchmarks/fewshot.py", *session.posargs, external=True)
+
+
 @nox.session
 def golden(session: nox.Session) -> None:
     """Check the golden files (pass `-- --golden-update` to rewrite them from the reference)."""

@@ -15,7 +15,7 @@ imports an engine's internals.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -64,13 +64,16 @@ class Engine(Protocol):
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  stop_ids: Sequence[int] = (), top_k: int = 5,
-                 want_logits: bool = False) -> list[Generation]: ...
+                 want_logits: bool = False, stop_check: StopCheck | None = None) -> list[Generation]: ...
 
     def decode_forced(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]]) -> list[np.ndarray]: ...
 
 
 DTYPES = ("float32", "bfloat16")
+# stop_check(generated_ids) -> True ends that row (finish_reason "stop"), e.g. when the decoded text
+# contains a stop string: rows stop generating at once instead of running to max_new_tokens.
+StopCheck = Callable[[list[int]], bool]
 
 
 def next_pow2(n: int, minimum: int = 1) -> int:

@@ -67,7 +67,7 @@ def common_prefix(prompts: Sequence[Sequence[int]]) -> int:
 
 def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,
                  stop: set[int], k: int, want_logits: bool, extend: Callable | None = None,
-                 prefix_len: int = 0) -> list[Generation]:
+                 prefix_len: int = 0, stop_check: Callable | None = None) -> list[Generation]:
     """Greedy decode of one batch. With extend and prefix_len > 0 (the prompts' shared prefix), only
     each row's own suffix is prefilled: extend(prefix, suffix tokens, suffix lengths, slots, k,
     want_logits) starts from the prefix's cached K/V (computed once by the engine)."""
@@ -98,7 +98,7 @@ def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence
             tops_v[r].append(tv_h[r])
             if want_logits:
                 logits[r].append(lg_h[r])
-            done[r] = int(nxt_h[r]) in stop
+            done[r] = int(nxt_h[r]) in stop or bool(stop_check and stop_check(ids[r]))
         if all(done) or step == max_new - 1:
             break
         nxt, ti, tv, lg, state = decode(nxt, pos.copy(), state, k, want_logits)
@@ -143,7 +143,7 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_context: int
 
 def greedy_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,
                stop_ids: Sequence[int], k: int, want_logits: bool, max_rows: int,
-               extend: Callable | None = None) -> list[Generation]:
+               extend: Callable | None = None, stop_check: Callable | None = None) -> list[Generation]:
     """greedy_batch over every prompt, in calls bounded by max_rows and the prefill token budget.
     When the engine offers extend and the prompts share a prefix of MIN_SHARED_PREFIX tokens or
     more, batches are formed on the suffix lengths and the prefix is not recomputed per row."""
@@ -152,7 +152,7 @@ def greedy_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[i
     out: list[Generation] = []
     for idx in batches([len(p) - P for p in prompts], max_rows):
         out.extend(greedy_batch(prefill, decode, [prompts[i] for i in idx], max_new,
-                                {int(s) for s in stop_ids}, k, want_logits, extend, P))
+                                {int(s) for s in stop_ids}, k, want_logits, extend, P, stop_check))
     return out
 
 

@@ -56,6 +56,7 @@ class MegakernelEngine:
     stream and KV cache: the TPU recipe). fault: one of kernel.FAULTS, a self-test aid."""
 
     capabilities = frozenset({"score", "generate", "taps", "logits"})
+    max_batch = MAX_BATCH
 
     def __init__(self, weights: Weights, dtype: str = "float32", fault: str | None = None,
                  interpret: str = "generic", fault_layer: int | None = None, n_buffers: int = 2):
@@ -151,10 +152,11 @@ class MegakernelEngine:
         return (*out, (kc, vc))
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 stop_ids: Sequence[int] = (), top_k: int = 5, want_logits: bool = False) -> list[Generation]:
+                 stop_ids: Sequence[int] = (), top_k: int = 5, want_logits: bool = False,
+                 stop_check=None) -> list[Generation]:
         self._check(prompts, max_new_tokens)
         return greedy_all(self._prefill_step, self._decode_step, prompts, max_new_tokens, stop_ids, top_k,
-                          want_logits, MAX_BATCH)
+                          want_logits, MAX_BATCH, stop_check=stop_check)
 
     def decode_forced(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:

@@ -39,6 +39,7 @@ class ReferenceEngine:
     softmax, routing and accumulation stay float32)."""
 
     capabilities = frozenset({"score", "generate", "taps", "logits"})
+    max_batch = MAX_BATCH
 
     def __init__(self, weights: Weights, dtype: str = "float32"):
         if dtype not in DTYPES:
@@ -58,6 +59,7 @@ class ReferenceEngine:
                                donate_argnums=(4, 5))
         self._seed = jax.jit(self._seed_impl, static_argnames=("batch", "slots"))
         self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its per-layer K/V)
+        self.share_prefix = True  # False: every row prefilled in full (the benchmark's ablation)
 
     # ---- jitted pieces -------------------------------------------------------------------------
     @staticmethod
@@ -120,13 +122,14 @@ class ReferenceEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  stop_ids: Sequence[int] = (), top_k: int = 5,
-                 want_logits: bool = False) -> list[Generation]:
+                 want_logits: bool = False, stop_check=None) -> list[Generation]:
         c = self.config
         check_prompts(prompts, c.vocab_size, c.max_context, max_new_tokens)
         if not 1 <= top_k <= c.vocab_size:
             raise ModelError(f"top_k must be in [1, {c.vocab_size}], got {top_k}")
         return greedy_all(self._prefill_step, self._decode_step, prompts, max_new_tokens, stop_ids, top_k,
-                          want_logits, MAX_BATCH, extend=self._extend_step)
+                          want_logits, MAX_BATCH,
+                          extend=self._extend_step if self.share_prefix else None, stop_check=stop_check)
 
     def decode_forced(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:

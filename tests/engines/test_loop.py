@@ -61,3 +61,19 @@ def test_shared_prefix_smollm2_fewshot(smollm2, smollm2_ref):
         alone = smollm2_ref.generate([p], 24, stop_ids=smollm2.tokenizer.eos_ids)[0]
         assert g.token_ids == alone.token_ids
         assert np.abs(g.top_logprobs - alone.top_logprobs).max() <= PREFIX_TOL
+
+
+@pytest.mark.parametrize("engine", ["reference", "megakernel"])
+def test_stop_check_ends_rows_early(mini_llama, engine):
+    """A stop_check (the adapter's stop strings) ends each row where it first holds; the tokens
+    up to there are those of the unstopped run."""
+    from evalsuite.engines import make_engine
+
+    eng = make_engine(engine, mini_llama, "float32", None)
+    prompts = _shared_prompts(mini_llama.config.vocab_size, seed=9, n=3, prefix_len=4)
+    full = eng.generate(prompts, 10, top_k=1)
+    marks = [g.token_ids[3] for g in full]  # row r stops once it has produced its 4th token
+    cut = eng.generate(prompts, 10, top_k=1, stop_check=lambda ids: len(ids) >= 4 and ids[3] in marks)
+    for f, c in zip(full, cut):
+        assert c.token_ids == f.token_ids[:4] and c.finish_reason == "stop"
+    assert all(f.finish_reason == "length" and len(f.token_ids) == 10 for f in full)
