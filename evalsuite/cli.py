@@ -14,6 +14,27 @@ DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_PROMPT = "The capital of France is"
 
 
+def remote_options(f):
+    """--base-url, --served-model, --api-key-env, --timeout: where --engine openai's server is."""
+    f = click.option("--timeout", "api_timeout", default=300.0, show_default=True, type=click.FloatRange(0.1, None),
+                     help="--engine openai: seconds per HTTP request.")(f)
+    f = click.option("--api-key-env", default=None,
+                     help="--engine openai: NAME of the environment variable holding the API key "
+                          "(the key itself is never printed).")(f)
+    f = click.option("--served-model", default=None,
+                     help="--engine openai: the server's model id (default: the only one it lists).")(f)
+    f = click.option("--base-url", default=None, help="--engine openai: e.g. http://127.0.0.1:8000/v1")(f)
+    return f
+
+
+def _remote(base_url, served_model, api_key_env, api_timeout):
+    if base_url is None:
+        return None
+    from engines.openai.client import Remote
+
+    return Remote(base_url, served_model, api_key_env, api_timeout)
+
+
 class Group(click.Group):
     """Turns user errors into one line on stderr and exit code 2; Ctrl-C into exit 130."""
 
@@ -73,20 +94,23 @@ def models(as_json: bool) -> None:
               help="Megakernel fault injection, a self-test aid: rope_off_by_one, kv_stale, drop_layer, "
                    "bf16_residual, router_second_choice (MoE only).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@remote_options
 def generate(engine, model, prompt, chat, max_new_tokens, no_stop, top_logprobs, dtype, fault,
-             as_json) -> None:
+             as_json, base_url, served_model, api_key_env, api_timeout) -> None:
     """Greedy generation from one prompt."""
     from evalsuite.generate import GenerateSpec, run_generate
 
     spec = GenerateSpec(engine=engine, model=model, prompt=prompt, chat=chat,
                         max_new_tokens=max_new_tokens, stop=not no_stop, top_logprobs=top_logprobs,
-                        dtype=dtype, fault=fault)
+                        dtype=dtype, fault=fault, remote=_remote(base_url, served_model, api_key_env, api_timeout))
     result = run_generate(spec)
     click.echo(json.dumps(result) if as_json else result["text"])
 
 
 def _progress(msg: str) -> None:
     click.echo(msg, err=True)
+
+
 
 
 @main.command()
@@ -104,8 +128,9 @@ def _progress(msg: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="Write report.md, results.json and dlogit.png here.")
+@remote_options
 def diff(engine, against, model, prompts, max_new_tokens, dtype, batch, fault, noise_tol, as_json,
-         report_dir) -> None:
+         report_dir, base_url, served_model, api_key_env, api_timeout) -> None:
     """Greedy decoding through ENGINE vs the reference, token by token. Exit 0 PASS, 1 FAIL."""
     from pathlib import Path
 
@@ -113,14 +138,15 @@ def diff(engine, against, model, prompts, max_new_tokens, dtype, batch, fault, n
     from evalsuite.report import diff_report
 
     spec = DiffSpec(engine=engine, against=against, model=model, prompts=prompts,
-                    max_new_tokens=max_new_tokens, dtype=dtype, batch=batch, fault=fault, noise_tol=noise_tol)
+                    max_new_tokens=max_new_tokens, dtype=dtype, batch=batch, fault=fault, noise_tol=noise_tol,
+                    remote=_remote(base_url, served_model, api_key_env, api_timeout))
     result = run_diff(spec, _progress)
     if report_dir:
         for p in diff_report(result, Path(report_dir)):
             _progress(f"wrote {p}")
     if as_json:
         slim = {k: v for k, v in result.items() if k != "per_prompt"}
-        slim["per_prompt"] = [{k: v for k, v in p.items() if k != "tf"} | {"max_dlogit": p["tf"]["max_dlogit"]}
+        slim["per_prompt"] = [{k: v for k, v in p.items() if k != "tf"} | {"max_dlogit": p["tf"].get("max_dlogit")}
                               for p in result["per_prompt"]]
         click.echo(json.dumps(slim))
     else:
@@ -129,6 +155,8 @@ def diff(engine, against, model, prompts, max_new_tokens, dtype, batch, fault, n
                    f"{result['benign_divergences']} benign divergences over {result['positions']} positions "
                    f"({result['prompts_identical']}/{result['prompts']} prompts identical); "
                    f"noise tolerance {result['noise_tolerance']}")
+        for note in result.get("checks_not_possible", []):
+            click.echo(f"not possible over this engine: {note}")
         b = result["bisection"]
         if b:
             click.echo(f"bisection: prompt {b['prompt']} position {b['position']}: first layer out of "
@@ -158,14 +186,16 @@ def golden_update(models_) -> None:
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
 @click.option("--fault", default=None, help="Megakernel fault injection (self-test aid).")
 @click.option("--json", "as_json", is_flag=True)
-def golden_check(models_, engine, dtype, fault, as_json) -> None:
+@remote_options
+def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model, api_key_env, api_timeout) -> None:
     """Compare an engine with the golden files. Exit 0 when all pass, 1 otherwise."""
     from evalsuite import golden as g
 
     results = {}
+    remote = _remote(base_url, served_model, api_key_env, api_timeout)
     for m in models_ or tuple(g.DEFAULTS):
         _progress(f"golden: checking {engine} on {m}")
-        results[m] = g.check(m, engine, dtype, fault)
+        results[m] = g.check(m, engine, dtype, fault, remote=remote)
     ok = all(r.ok for r in results.values())
     if as_json:
         click.echo(json.dumps({"verdict": "PASS" if ok else "FAIL", "models": {
@@ -177,6 +207,8 @@ def golden_check(models_, engine, dtype, fault, as_json) -> None:
             click.echo(f"{'PASS' if r.ok else 'FAIL'} {m}{figures}")
             for p in r.problems:
                 click.echo(f"  {p}")
+            if s and s.get("note"):
+                click.echo(f"  note: {s['note']}")
     sys.exit(0 if ok else 1)
 
 
@@ -194,14 +226,16 @@ def golden_check(models_, engine, dtype, fault, as_json) -> None:
 @click.option("--margin", default=0.02, show_default=True, type=float, help="Non-inferiority margin (share).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap and lm-eval seeds.")
 @click.option("--json", "as_json", is_flag=True)
+@remote_options
 def run_cmd(task, variant, engine, against, model, limit, data_dir, output, dtype, fault, margin, seed,
-            as_json) -> None:
+            as_json, base_url, served_model, api_key_env, api_timeout) -> None:
     """Benchmark TASK (gsm8k, gpqa) on ENGINE and the reference; paired verdict.
     Exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 usage error."""
     from evalsuite.bench.run import RunSpec, run_benchmark
 
     spec = RunSpec(task=task, variant=variant, engine=engine, against=against, model=model, limit=limit,
-                   data_dir=data_dir, output=output, dtype=dtype, fault=fault, margin=margin, seed=seed)
+                   data_dir=data_dir, output=output, dtype=dtype, fault=fault, margin=margin, seed=seed,
+                   remote=_remote(base_url, served_model, api_key_env, api_timeout))
     r = run_benchmark(spec, _progress)
     if as_json:
         click.echo(json.dumps(r))
@@ -213,6 +247,31 @@ def run_cmd(task, variant, engine, against, model, limit, data_dir, output, dtyp
                    f"b={p['b']} c={p['c']} McNemar p={p['mcnemar_p']:.3g}, diff 95% CI "
                    f"[{p['diff_ci'][0]:+.3f}, {p['diff_ci'][1]:+.3f}], margin {p['margin']}")
     sys.exit({"PASS": 0, "FAIL": 1}.get(r["verdict"], 3))
+
+
+@main.command()
+@click.option("--engine", default="reference", show_default=True, help="reference or megakernel.")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True)
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
+@click.option("--fault", default=None, help="Megakernel fault injection (self-test aid).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--served-model-name", default=None, help="Model id in the API (default: --model).")
+def serve(engine, model, dtype, fault, host, port, served_model_name) -> None:
+    """Serve ENGINE over an OpenAI-compatible HTTP API (vLLM's shapes) until interrupted."""
+    import socket
+
+    from evalsuite.serve import serve as run_server
+
+    if engine == "openai":
+        raise SpecError("serve: --engine openai would serve a server; pick reference or megakernel")
+    try:  # a busy port is a one-line error, not uvicorn's traceback after the model has loaded
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as e:
+        raise SpecError(f"serve: cannot listen on {host}:{port} ({e.strerror})") from None
+    run_server(engine, model, dtype, fault, host, port, served_model_name)
 
 
 @main.command("lm-eval", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,

@@ -20,6 +20,7 @@ class GenerateSpec:
     top_logprobs: int = 5
     dtype: str = "float32"
     fault: str | None = None
+    remote: object | None = None  # engines.openai.client.Remote for --engine openai
 
 
 def run_generate(spec: GenerateSpec) -> dict:
@@ -28,7 +29,7 @@ def run_generate(spec: GenerateSpec) -> dict:
         from engines.errors import ModelError
 
         raise ModelError(f"model {spec.model} has no tokenizer: text prompts are impossible")
-    eng = make_engine(spec.engine, m, spec.dtype, spec.fault)
+    eng = make_engine(spec.engine, m, spec.dtype, spec.fault, spec.remote)
     ids = m.tokenizer.encode_chat(spec.prompt) if spec.chat else m.tokenizer.encode(spec.prompt)
     stop = m.tokenizer.eos_ids if spec.stop else ()
     g = eng.generate([ids], spec.max_new_tokens, stop_ids=stop, top_k=spec.top_logprobs)[0]

@@ -86,7 +86,7 @@ class CheckResult:
 
 
 def check(model_name: str, engine_name: str = "reference", dtype: str = "float32", fault: str | None = None,
-          directory: Path | None = None) -> CheckResult:
+          directory: Path | None = None, remote=None) -> CheckResult:
     from evalsuite.engines import make_engine
 
     set_name, n = _settings(model_name)
@@ -121,27 +121,36 @@ def check(model_name: str, engine_name: str = "reference", dtype: str = "float32
         problems.append(f"unused golden entries {unused} in {path} (not in prompt set {set_name}); {regen}")
     if problems:
         return CheckResult(False, problems, {})
-    eng = make_engine(engine_name, model, dtype, fault)
+    eng = make_engine(engine_name, model, dtype, fault, remote)
     prompts = [entries[i]["prompt_token_ids"] for i in want_ids]
     for p, e, i in zip(pset.prompts, prompts, want_ids):
         if p.encode(model.tokenizer) != e:
             problems.append(f"entry {i}: prompt tokenizes differently now (tokenizer changed?); {regen}")
     if problems:
         return CheckResult(False, problems, {})
-    forced = eng.decode_forced(prompts, [entries[i]["token_ids"] for i in want_ids])
+    conts = [entries[i]["token_ids"] for i in want_ids]
+    api = "logits" not in getattr(eng, "capabilities", ())
+    # Over an API (top-k logprobs only, via echo): the golden token's logprob and the engine's top-1
+    # are compared; full logits give every golden top-5 id's logprob.
+    forced = eng.forced_topk(prompts, conts, TOP_K) if api else eng.decode_forced(prompts, conts)
     tol = NOISE_TOL[dtype]
     mismatches, benign, dlp, total = [], 0, [], 0
-    for i, logits in zip(want_ids, forced):
+    for i, got in zip(want_ids, forced):
         ent = entries[i]
-        lp = metrics.log_softmax(logits)
         top_ids = np.asarray(ent["top_ids"])
         gold_lp = np.asarray(ent["top_logprobs"])
-        eng_lp = np.take_along_axis(lp, top_ids, axis=-1)
-        d = np.abs(eng_lp - gold_lp).max(axis=-1)
+        if api:
+            tok_lp, e_ids, _ = got
+            d = np.abs(tok_lp - gold_lp[:, 0])
+            lp = None
+        else:
+            lp = metrics.log_softmax(got)
+            eng_lp = np.take_along_axis(lp, top_ids, axis=-1)
+            d = np.abs(eng_lp - gold_lp).max(axis=-1)
         dlp.extend(d.tolist())
         total += len(d)
         gap = gold_lp[:, 0] - gold_lp[:, 1]
-        for j, (tok, arg) in enumerate(zip(ent["token_ids"], lp.argmax(-1))):
+        for j, (tok, arg) in enumerate(zip(ent["token_ids"], e_ids[:, 0] if api else lp.argmax(-1))):
             if arg != tok and gap[j] < tol:
                 benign += 1
             elif arg != tok or d[j] > LOGPROB_TOL[dtype]:
@@ -149,7 +158,9 @@ def check(model_name: str, engine_name: str = "reference", dtype: str = "float32
     summary = {"positions": total, "mismatching_positions": len(mismatches),
                "mismatch_share": len(mismatches) / max(total, 1), "benign_divergences": benign,
                "max_dlogprob": float(np.max(dlp)), "mean_dlogprob": float(np.mean(dlp)),
-               "engine": engine_name, "dtype": dtype, "fault": fault, "golden": str(path)}
+               "engine": engine_name, "dtype": dtype, "fault": fault, "golden": str(path),
+               "note": ("over an API: the golden token's logprob and the engine's top-1 compared (echo prompt "
+                        "logprobs, the server's prefill path); other top-5 logprobs not available") if api else None}
     if mismatches:
         where = ", ".join(f"{i}@{j}" for i, j in mismatches[:5]) + (" ..." if len(mismatches) > 5 else "")
         problems.append(f"{len(mismatches)}/{total} positions ({100 * len(mismatches) / total:.2f}%) mismatch "

@@ -31,8 +31,12 @@ def diff_report(result: dict, out: Path) -> list[Path]:
         f"- noise tolerance {r['noise_tolerance']}: {r['noise_tolerance_rule']}",
         f"- observed |Δlogit| where the argmax agrees: p50 {r['observed_noise'].get('p50', 0):.2e}, "
         f"p99 {r['observed_noise'].get('p99', 0):.2e}, max {r['observed_noise'].get('max', 0):.2e}",
-        f"- KL(ref||engine) p99 {r['summary']['kl'].get('p99', 0):.2e}, top-5 overlap "
-        f"{r['summary']['top5_overlap_mean']:.3f}, argmax agreement {r['summary']['argmax_agreement']:.4f}",
+        (f"- KL(ref||engine) p99 {r['summary']['kl'].get('p99', 0):.2e}, top-5 overlap "
+         f"{r['summary']['top5_overlap_mean']:.3f}, argmax agreement {r['summary']['argmax_agreement']:.4f}"
+         if "kl" in r["summary"] else
+         f"- over an API: |Δlogprob| of the reference token bounded by {r.get('logprob_tolerance')}; argmax "
+         f"agreement {r['summary']['argmax_agreement']:.4f}"),
+        *[f"- not possible over this engine: {n}" for n in r.get("checks_not_possible", [])],
         f"- batch invariance (B={r['batch_invariance']['batch']}): "
         f"{'yes' if r['batch_invariance']['invariant'] else 'NO'}; deterministic: "
         f"{'yes' if r['batch_invariance']['deterministic'] else 'NO'}",
@@ -51,10 +55,14 @@ def diff_report(result: dict, out: Path) -> list[Path]:
                  if f else ["-", "", "", "", "", ""])
         lines.append(f"| {p['id']} | {p['kind']} | " + " | ".join(c.replace("|", "\\|") for c in cells)
                      + f" | {len(p['real_positions'])} | {len(p['benign_positions'])} | "
-                       f"{p['tf']['max_dlogit']:.2e} |")
+                       f"{_num(p['tf'].get('max_dlogit', p['tf'].get('max_dlogprob')))} |")
     md = out / "report.md"
     md.write_text("\n".join(lines) + "\n")
     return [md, out / "results.json", png]
+
+
+def _num(x) -> str:
+    return "n/a" if x is None else f"{x:.2e}"
 
 
 def _plot(r: dict, path: Path) -> None:
@@ -65,7 +73,8 @@ def _plot(r: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(10, 5))
     for p in r["per_prompt"]:
-        ax.plot(p["tf"]["dlogit"], lw=0.8, alpha=0.6)
+        ax.plot([float("nan") if v is None else v for v in p["tf"].get("dlogit", p["tf"].get("dlogprob_forced", []))],
+                lw=0.8, alpha=0.6)
         for j, m in p["margins_at_divergences"].items():
             j = int(j)
             real = j in p["real_positions"]

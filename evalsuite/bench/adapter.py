@@ -9,7 +9,9 @@ decoded greedily.
   is scored by a decode step, so for the megakernel every scored token comes from the kernel.
   is_greedy is whether every continuation token is the argmax at its position.
 - loglikelihood_rolling: disjoint windows of max_length tokens (lm-eval's own window helper).
-- generate_until: batched greedy generation (engine.generate), cut at the first stop string.
+- generate_until: batched greedy generation (engine.generate); a row stops generating once its text
+  holds a stop string and is cut there. The reference prefills a few-shot prefix shared by a batch
+  once and reuses its KV cache (engines.loop). The bars show a running accuracy (bench.live).
 """
 
 from __future__ import annotations
@@ -23,15 +25,16 @@ from evalsuite.errors import SpecError
 
 DEFAULT_MAX_GEN_TOKS = 256
 DEFAULT_MAX_LENGTH = 2048
-GEN_BATCH = 8
+GEN_BATCH = 8  # requests per generate call when the engine states no max_batch of its own
 
 
 class EngineLM(TemplateLM):
     engine_name = "reference"
 
     def __init__(self, model: str = "smollm2-135m", dtype: str = "float32", fault: str | None = None,
-                 max_length: int = DEFAULT_MAX_LENGTH, batch_size: int | str = GEN_BATCH,
-                 journal: str | None = None, progress: bool = True, **kwargs):
+                 max_length: int = DEFAULT_MAX_LENGTH, batch_size: int | str | None = None,
+                 journal: str | None = None, progress: bool = True, base_url: str | None = None,
+                 served_model: str | None = None, api_key_env: str | None = None, remote=None, **kwargs):
         super().__init__()
         self.journal = None
         self.progress = progress
@@ -41,11 +44,20 @@ class EngineLM(TemplateLM):
         self.model = load_model(model)
         if self.model.tokenizer is None:
             raise SpecError(f"model {model} has no tokenizer: lm-eval tasks need one")
-        self.engine = make_engine(self.engine_name, self.model, dtype, fault or None)
+        if remote is None and base_url:
+            from engines.openai.client import Remote
+
+            remote = Remote(base_url, served_model, api_key_env)
+        self.engine = make_engine(self.engine_name, self.model, dtype, fault or None, remote)
         self.max_length = min(int(max_length), self.model.config.max_context)
-        self.gen_batch = int(batch_size) if str(batch_size).isdigit() else GEN_BATCH
+        # default: the engine's rows per device call (reference 32, megakernel 8): the journal is
+        # written after each call's requests, so a bigger batch would only delay it
+        default = getattr(self.engine, "max_batch", GEN_BATCH)
+        self.gen_batch = int(batch_size) if str(batch_size).isdigit() and int(batch_size) > 0 else default
         self.identity = {"engine": self.engine_name, "model": model, "weights_sha256": self.model.weights.sha256,
                          "dtype": dtype, "fault": fault or None, "max_length": self.max_length}
+        if remote is not None:  # the server is part of the identity (never the API key)
+            self.identity.update(base_url=remote.base_url, served_model=self.engine.model_id)
         if journal:
             from evalsuite.bench.journal import Journal
 
@@ -116,6 +128,9 @@ class EngineLM(TemplateLM):
             # and the continuation one by one, so every scored token comes from a decode step (for
             # the megakernel: from the kernel, not its XLA prefill).
             ctx = seq[:-n]
+            if "logits" not in self.engine.capabilities:  # an API: echo prompt logprobs
+                tok_lp, top_ids, _ = self.engine.forced_topk([ctx], [seq[-n:]], 1)[0]
+                return float(np.sum(tok_lp)), bool((top_ids[:, 0] == np.asarray(seq[-n:])).all())
             rows = self.engine.decode_forced([ctx[:-1]], [[ctx[-1]] + seq[-n:-1]])[0]  # row j predicts seq[-n+j]
         else:
             rows = self.engine.score([seq[:-1]])[0].logits[-n:]  # row t predicts seq[t+1]
@@ -136,6 +151,14 @@ class EngineLM(TemplateLM):
         return out
 
     # ---- generation -------------------------------------------------------------------------------
+    def _stop_check(self, until):
+        """A row stops as soon as its decoded text holds a stop string (as lm-eval's hf backend
+        does), instead of running to max_gen_toks; the text is still cut at the first one."""
+        until = [u for u in until if u]
+        if not until:
+            return None
+        return lambda ids: any(u in self.tok_decode(ids) for u in until)
+
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         from evalsuite.bench.journal import request_key
         from evalsuite.bench.live import Tally, judge_generation
@@ -171,7 +194,9 @@ class EngineLM(TemplateLM):
             for s in range(0, len(idx), self.gen_batch):
                 chunk = idx[s:s + self.gen_batch]
                 prompts = [self.tok_encode(args[i][0])[-(self.max_length - max_toks):] for i in chunk]
-                gens = self.engine.generate(prompts, max_toks, stop_ids=self.model.tokenizer.eos_ids, top_k=1)
+                extra = {"stop_strings": list(until)} if "stop_strings" in self.engine.capabilities else {}
+                gens = self.engine.generate(prompts, max_toks, stop_ids=self.model.tokenizer.eos_ids, top_k=1,
+                                            stop_check=self._stop_check(until), **extra)
                 recs = []
                 for i, g in zip(chunk, gens):
                     text = self.tok_decode([t for t in g.token_ids if t not in self.model.tokenizer.eos_ids])
@@ -205,3 +230,11 @@ class ReferenceLM(EngineLM):
 @register_model("evalsuite-megakernel")
 class MegakernelLM(EngineLM):
     engine_name = "megakernel"
+
+
+@register_model("evalsuite-openai")
+class OpenAILM(EngineLM):
+    """An OpenAI-compatible server: `--model_args model=smollm2-135m,base_url=http://127.0.0.1:8000/v1`
+    (model names the local tokenizer; served_model, api_key_env optional)."""
+
+    engine_name = "openai"

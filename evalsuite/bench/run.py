@@ -57,6 +57,7 @@ class RunSpec:
     fault: str | None = None
     margin: float = stats.DEFAULT_MARGIN
     seed: int = 0
+    remote: object | None = None  # engines.openai.client.Remote for --engine openai
 
     def __post_init__(self):
         if self.task not in VARIANTS:
@@ -134,14 +135,17 @@ def _run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from evalsuite.bench.adapter import MegakernelLM, ReferenceLM
+    from evalsuite.bench.adapter import MegakernelLM, OpenAILM, ReferenceLM
 
     name, _, primary, metric, chat = VARIANTS[spec.task][spec.variant or DEFAULT_VARIANT[spec.task]]
     progress(f"run: {spec.task} on {engine} ({dtype}, fault={fault})")
-    cls = ReferenceLM if engine == "reference" else MegakernelLM
+    cls = {"reference": ReferenceLM, "megakernel": MegakernelLM, "openai": OpenAILM}.get(engine)
+    if cls is None:
+        raise SpecError(f"unknown engine {engine!r}; expected reference, megakernel or openai")
     eng_dir = out / engine
     eng_dir.mkdir(parents=True, exist_ok=True)
-    lm = cls(model=spec.model, dtype=dtype, fault=fault, journal=str(eng_dir / "journal.jsonl"))
+    lm = cls(model=spec.model, dtype=dtype, fault=fault, journal=str(eng_dir / "journal.jsonl"),
+             remote=spec.remote if engine == "openai" else None)
     try:
         res = lm_eval.simple_evaluate(model=lm, tasks=[name], limit=spec.limit, log_samples=True,
                                       task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False),
@@ -178,9 +182,9 @@ def _run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks
         fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     acc = float(np.mean([r["correct"] for r in records]))
     live = getattr(lm, "live", None)  # the progress bar's running estimate, kept as a cross-check
-    return {"records": records, "accuracy": acc,
-            "live_accuracy": live.right / live.seen if live is not None and live.seen else None, "accuracy_ci95": stats.wilson_ci(sum(r["correct"] for r in records),
-                                                                                     len(records)),
+    n_right = sum(r["correct"] for r in records)
+    return {"records": records, "accuracy": acc, "accuracy_ci95": stats.wilson_ci(n_right, len(records)),
+            "live_accuracy": live.right / live.seen if live is not None and live.seen else None,
             "lm_eval_results": str(eng_dir / "lm_eval_results.json"), "primary_filter": primary}
 
 

@@ -1,0 +1,110 @@
+"""The openai client engine against a real, misbehaving HTTP server on loopback (fake_server)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from engines.errors import ModelError
+from engines.openai.client import BACKOFF_S, MAX_ATTEMPTS, OpenAIEngine, Remote
+from tests.engines.openai.fake_server import Fake
+
+SECRET = "sk-test-do-not-print-0123456789"
+
+
+def _engine(fake: Fake, mini_llama, **kw) -> OpenAIEngine:
+    return OpenAIEngine(Remote(fake.url, **kw), mini_llama.config, mini_llama.tokenizer)
+
+
+def test_probe_declares_capabilities(mini_llama):
+    with Fake("ok") as f:
+        e = _engine(f, mini_llama)
+        assert {"generate", "token_ids", "gen_logprobs", "echo_logprobs", "tokenize"} <= e.capabilities
+        assert e.model_id == "fake-model" and e.config.max_context == min(mini_llama.config.max_context, 4096)
+        g = e.generate([[10, 11]], 3, top_k=1)[0]
+        assert g.token_ids == [5, 6, 7] and g.top_logprobs[:, 0].tolist() == [-0.5] * 3
+        lp, ids, _ = e.forced_topk([[10, 11]], [[12, 13]], 1)[0]
+        assert lp.tolist() == [-0.5, -0.5] and ids[:, 0].tolist() == [12, 13]
+
+
+def test_bare_server_says_what_is_impossible(mini_llama):
+    with Fake("minimal") as f:
+        e = _engine(f, mini_llama)
+        assert e.capabilities == {"generate", "stop_strings"}
+        assert any("re-tokenized" in n for n in e.notes) and any("loglikelihood" in n for n in e.notes)
+        g = e.generate([[10, 11]], 3, top_k=1)[0]
+        assert g.token_ids == mini_llama.tokenizer.encode("abc")  # from the text, said in notes
+        with pytest.raises(ModelError, match="no prompt logprobs.*loglikelihood"):
+            e.forced_topk([[10]], [[11]])
+
+
+def test_retries_then_succeeds(mini_llama):
+    with Fake("flaky", fail_first=2) as f:
+        e = _engine(f, mini_llama)  # the probe itself succeeds after two 500s
+        assert e.model_id == "fake-model"
+        assert f.completions == 3
+
+
+@pytest.mark.parametrize("mode", ["http500", "malformed", "partial"])
+def test_bounded_retries_then_one_line_error(mini_llama, mode):
+    with Fake("ok") as f:
+        e = _engine(f, mini_llama)
+        f.mode = mode
+        before = f.completion_calls()
+        t = time.time()
+        with pytest.raises(ModelError) as ei:
+            e.generate([[10, 11]], 3)
+        assert f.completion_calls() - before == MAX_ATTEMPTS
+        assert time.time() - t < sum(BACKOFF_S) + 5  # bounded backoff
+        msg = str(ei.value)
+        assert "\n" not in msg and f"{f.url}/completions" in msg and f"after {MAX_ATTEMPTS} attempts" in msg
+
+
+def test_slow_server_times_out(mini_llama):
+    with Fake("ok") as f:
+        e = _engine(f, mini_llama, timeout_s=0.3)
+        f.mode, f.delay = "slow", 1.0
+        with pytest.raises(ModelError, match="completions: no reply"):
+            e.generate([[10, 11]], 3)
+
+
+def test_api_key_sent_never_shown(mini_llama, monkeypatch, capsys):
+    monkeypatch.setenv("EVALSUITE_TEST_KEY", SECRET)
+    with Fake("ok") as f:
+        e = _engine(f, mini_llama, api_key_env="EVALSUITE_TEST_KEY")
+        assert all(h.get("Authorization") == f"Bearer {SECRET}" for _, h in f.requests)
+        f.mode = "http500"
+        with pytest.raises(ModelError) as ei:
+            e.generate([[1, 2]], 2)
+        assert SECRET not in str(ei.value) and SECRET not in repr(e.__dict__.get("remote"))
+    out = capsys.readouterr()
+    assert SECRET not in out.out + out.err
+
+
+def test_missing_key_variable_and_bad_url(mini_llama, monkeypatch):
+    monkeypatch.delenv("EVALSUITE_NO_SUCH_KEY", raising=False)
+    with Fake("ok") as f:
+        with pytest.raises(ModelError, match="EVALSUITE_NO_SUCH_KEY.*not set"):
+            _engine(f, mini_llama, api_key_env="EVALSUITE_NO_SUCH_KEY")
+    with pytest.raises(ModelError, match="must start with http"):
+        OpenAIEngine(Remote("localhost:8000/v1"), mini_llama.config, mini_llama.tokenizer)
+
+
+def test_no_partial_answers_in_the_journal(mini_llama, tmp_path, monkeypatch):
+    """A generate_until batch whose server fails midway records nothing as an answer."""
+    from evalsuite.bench.adapter import OpenAILM
+
+    with Fake("ok") as f:
+        lm = OpenAILM(model="mini-llama", base_url=f.url, journal=str(tmp_path / "j.jsonl"), progress=False)
+        f.mode = "flaky"
+        f.fail_first = f.completions + MAX_ATTEMPTS  # every attempt of the next call fails
+
+        class Req:
+            def __init__(self, ctx):
+                self.args = (ctx, {"until": ["\n"], "max_gen_toks": 3})
+
+        with pytest.raises(ModelError):
+            lm.generate_until([Req("1 + 1 ="), Req("2 + 2 =")])
+        lm.journal.close()
+        assert (tmp_path / "j.jsonl").read_text() == ""

@@ -1,0 +1,201 @@
+"""`evalsuite serve` as a real HTTP server on loopback, and the openai engine through it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+
+import pytest
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def served(*args: str, timeout: float = 300):
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "evalsuite.cli", "serve", "--port", str(port), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **OFFLINE})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + timeout
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"server exited: {proc.stderr.read()[-2000:]}")
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2).read()
+                break
+            except (urllib.error.URLError, ConnectionError, OSError):
+                if time.time() > deadline:
+                    raise AssertionError("server did not come up") from None
+                time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def post(url: str, body, raw: bytes | None = None) -> tuple[int, dict]:
+    data = raw if raw is not None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def cli(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "evalsuite.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **OFFLINE})
+
+
+@pytest.fixture(scope="module")
+def mini_server():
+    with served("--engine", "reference", "--model", "mini-llama") as url:
+        yield url
+
+
+def test_endpoints_in_vllm_shapes(mini_server):
+    models = json.loads(urllib.request.urlopen(mini_server + "/v1/models").read())
+    assert models["object"] == "list" and models["data"][0]["id"] == "mini-llama"
+    code, tok = post(mini_server + "/tokenize", {"model": "mini-llama", "prompt": "hi there"})
+    assert code == 200 and tok["count"] == len(tok["tokens"]) > 0
+    code, det = post(mini_server + "/detokenize", {"model": "mini-llama", "tokens": tok["tokens"]})
+    assert code == 200 and det["prompt"] == "hi there"
+    code, r = post(mini_server + "/v1/completions", {"model": "mini-llama", "prompt": tok["tokens"], "max_tokens": 4,
+                                                      "temperature": 0, "logprobs": 2, "echo": True})
+    assert code == 200, r
+    ch = r["choices"][0]
+    assert len(ch["token_ids"]) == 4 and ch["prompt_token_ids"] == tok["tokens"]
+    lp = ch["logprobs"]
+    n = len(tok["tokens"]) + 4
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == n
+    assert lp["token_logprobs"][0] is None and all(isinstance(x, float) for x in lp["token_logprobs"][1:])
+    assert [t for t, _ in lp["top_logprobs_by_id"][-1]][0] == ch["token_ids"][-1]  # greedy: chosen = top-1
+    assert r["usage"]["completion_tokens"] == 4 and ch["text"].startswith("hi there")
+    code, c = post(mini_server + "/v1/chat/completions", {
+        "model": "mini-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+        "temperature": 0, "logprobs": True, "top_logprobs": 2})
+    assert code == 200 and c["choices"][0]["message"]["role"] == "assistant"
+    assert len(c["choices"][0]["logprobs"]["content"]) == len(c["choices"][0]["token_ids"])
+
+
+@pytest.mark.parametrize("body,raw,code,needle", [
+    (None, b"{not json", 400, "not valid JSON"),
+    ({"model": "gpt-9", "prompt": "x", "max_tokens": 2}, None, 404, "does not exist"),
+    ({"prompt": [5] * 5000, "max_tokens": 2}, None, 400, "maximum context length"),
+    ({"prompt": "x", "max_tokens": -1}, None, 400, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 2, "temperature": 0.7}, None, 400, "greedily"),
+    ({"prompt": [999999], "max_tokens": 2}, None, 400, "vocabulary"),
+])
+def test_bad_requests_get_4xx_and_the_server_stays_up(mini_server, body, raw, code, needle):
+    got, err = post(mini_server + "/v1/completions", body, raw)
+    assert got == code and needle in err["error"]["message"], err
+    ok, r = post(mini_server + "/v1/completions", {"prompt": "ok", "max_tokens": 1})
+    assert ok == 200 and len(r["choices"][0]["token_ids"]) == 1
+
+
+def test_oversized_body_is_refused_before_it_is_read(mini_server):
+    """A 2 MiB declared body gets 413 without the server reading it (the client may still be sending)."""
+    host, port = mini_server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 2097152\r\n\r\n" + b"{" + b" " * 1000)
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 413") and b"exceeds" in reply
+    ok, r = post(mini_server + "/v1/completions", {"prompt": "ok", "max_tokens": 1})
+    assert ok == 200
+
+
+@pytest.fixture(scope="module")
+def smollm2_server():
+    with served("--engine", "reference", "--model", "smollm2-135m") as url:
+        yield url
+
+
+@pytest.mark.slow
+def test_eight_concurrent_requests_equal_eight_sequential(smollm2_server):
+    prompts = ["The capital of France is", "def fib(n):", "Water boils at", "1, 2, 3, 4,",
+               "The opposite of hot is", "Once upon a time", "Photosynthesis converts", "Q: What is 7 * 8?\nA:"]
+
+    rows = []
+
+    def ask(p):
+        code, r = post(smollm2_server + "/v1/completions", {"prompt": p, "max_tokens": 12, "temperature": 0})
+        assert code == 200, r
+        rows.append(r["evalsuite"]["batch_rows"])
+        return r["choices"][0]["token_ids"]
+
+    sequential = [ask(p) for p in prompts]
+    assert rows == [1] * 8
+    rows.clear()
+    out: dict[int, list] = {}
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, ask(prompts[i]))) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [out[i] for i in range(8)] == sequential
+    assert max(rows) > 1  # the concurrent ones really were batched together
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine,fault,verdict", [("reference", None, "PASS"), ("megakernel", None, "PASS"),
+                                                  ("megakernel", "drop_layer", "FAIL")])
+def test_diff_over_the_api(engine, fault, verdict):
+    args = ["--engine", engine, "--model", "smollm2-135m"] + (["--fault", fault] if fault else [])
+    with served(*args) as url:
+        p = cli("diff", "--engine", "openai", "--base-url", url + "/v1", "--against", "reference",
+                "--model", "smollm2-135m", "--prompts", "quick", "--max-new-tokens", "12", "--json")
+    r = json.loads(p.stdout)
+    assert r["verdict"] == verdict, (r["real_mismatches"], p.stderr[-1000:])
+    assert p.returncode == (0 if verdict == "PASS" else 1)
+    assert "echo_logprobs" in r["engine_capabilities"] and r["checks_not_possible"]
+    if verdict == "PASS":
+        assert r["summary"]["max_dlogprob"]["max"] <= r["logprob_tolerance"]
+
+
+@pytest.mark.slow
+def test_run_gsm8k_through_the_api_matches_in_process(smollm2_server, tmp_path):
+    p = cli("run", "gsm8k", "--engine", "openai", "--base-url", smollm2_server + "/v1", "--model", "smollm2-135m",
+            "--limit", "8", "--output", str(tmp_path / "r"), "--json")
+    assert p.returncode in (0, 1, 3), p.stderr[-2000:]
+    r = json.loads(p.stdout)
+    assert set(r["engines"]) == {"reference", "openai"}
+    recs = {e: [json.loads(x) for x in (tmp_path / "r" / e / "records.jsonl").read_text().splitlines()]
+            for e in ("reference", "openai")}
+    assert [x["extracted"] for x in recs["openai"]] == [x["extracted"] for x in recs["reference"]]
+    assert [x["response"] for x in recs["openai"]] == [x["response"] for x in recs["reference"]]
+    assert r["verdict"] == "PASS"
+
+
+def test_cli_errors_are_one_line():
+    p = cli("diff", "--engine", "openai", "--model", "mini-llama")
+    assert p.returncode == 2 and "needs --base-url" in p.stderr and "Traceback" not in p.stderr
+    port = _free_port()  # nothing listens there
+    p = cli("generate", "--engine", "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", "mini-llama",
+            "--timeout", "2")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert f"GET http://127.0.0.1:{port}/v1/models: no reply" in p.stderr and len(p.stderr.strip().splitlines()) == 1
