@@ -67,6 +67,7 @@ class OpenAIEngine:
                 raise ModelError(f"--api-key-env {remote.api_key_env}: that environment variable is not set")
         self.weights_sha256 = None
         self.notes: list[str] = []
+        self._tok_cache: dict[str, list[int]] = {}
         self.model_id, self.server_info, self.capabilities = self._probe()
 
     # ---- HTTP ------------------------------------------------------------------------------------
@@ -126,9 +127,12 @@ class OpenAIEngine:
         if isinstance(info.get("max_model_len"), int):
             self.config = _with_context(self.config, min(self.config.max_context, info["max_model_len"]))
         try:
-            r = self._request("POST", f"{self.root}/tokenize", {"model": want, "prompt": "probe"})
+            probe_text = "The probe: 12,345 apples."
+            r = self._request("POST", f"{self.root}/tokenize", {"model": want, "prompt": probe_text})
             if isinstance(r.get("tokens"), list):
                 caps.add("tokenize")
+                if self.tok is not None and r["tokens"] != self.tok.encode(probe_text):
+                    self.notes.append("the server's tokenizer differs from --model's: token ids are not comparable")
         except ModelError:
             self.notes.append("no /tokenize: the local tokenizer of --model is used")
         self.model_id = want
@@ -183,6 +187,24 @@ class OpenAIEngine:
             if allow_reject and "HTTP 4" in str(e):
                 return None
             raise
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids from the server's /tokenize when it has one, else from the local tokenizer."""
+        if "tokenize" not in self.capabilities:
+            if self.tok is None:
+                raise ModelError("no /tokenize on the server and no local tokenizer (--model)")
+            return self.tok.encode(text)
+        hit = self._tok_cache.get(text)
+        if hit is None:
+            def ok(r):
+                if not isinstance(r.get("tokens"), list):
+                    raise ValueError("no tokens")
+
+            hit = self._request("POST", f"{self.root}/tokenize", {"model": self.model_id, "prompt": text},
+                                check=ok)["tokens"]
+            if len(self._tok_cache) < 100_000:
+                self._tok_cache[text] = hit
+        return list(hit)
 
     # ---- the protocol ----------------------------------------------------------------------------
     def score(self, seqs, want_taps: bool = False):

@@ -69,6 +69,8 @@ class EngineLM(TemplateLM):
         return self.model.tokenizer.eos_ids[0]
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        if "tokenize" in self.engine.capabilities:  # an API server with /tokenize: its own ids
+            return self.engine.tokenize(string)
         return self.model.tokenizer.encode(string)
 
     def tok_decode(self, ids) -> str:

@@ -199,3 +199,12 @@ def test_cli_errors_are_one_line():
             "--timeout", "2")
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert f"GET http://127.0.0.1:{port}/v1/models: no reply" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_golden_check_over_the_api(mini_server):
+    p = cli("golden", "check", "--engine", "openai", "--base-url", mini_server + "/v1", "--model", "mini-llama",
+            "--json")
+    r = json.loads(p.stdout)
+    assert p.returncode == 0 and r["verdict"] == "PASS", r
+    s = r["models"]["mini-llama"]["summary"]
+    assert s["positions"] > 0 and s["max_dlogprob"] <= 1e-3 and "over an API" in s["note"]

@@ -108,3 +108,13 @@ def test_no_partial_answers_in_the_journal(mini_llama, tmp_path, monkeypatch):
             lm.generate_until([Req("1 + 1 ="), Req("2 + 2 =")])
         lm.journal.close()
         assert (tmp_path / "j.jsonl").read_text() == ""
+
+
+def test_tokenize_through_the_server_when_it_has_one(mini_llama):
+    with Fake("ok") as f:
+        e = _engine(f, mini_llama)
+        assert e.tokenize("anything") == [1, 2]  # the fake server's ids, not the local tokenizer's
+        assert any("tokenizer differs" in n for n in e.notes)
+    with Fake("minimal") as f:
+        e = _engine(f, mini_llama)
+        assert e.tokenize("abc") == mini_llama.tokenizer.encode("abc")
