@@ -215,6 +215,17 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     n_items = len(_load_rows(data))
     tasks_dir = _resolve_tasks(spec.task, data, out)
     model = load_model(spec.model)
+    api_notes = None
+    if spec.engine == "openai":  # probe the server first: refuse what it cannot do before any work
+        from evalsuite.engines import make_engine
+
+        variant = spec.variant or DEFAULT_VARIANT[spec.task]
+        probe = make_engine("openai", model, spec.dtype, spec.fault, spec.remote)
+        if VARIANTS[spec.task][variant][3] == "acc" and "echo_logprobs" not in probe.capabilities:
+            raise SpecError(f"{probe.base}: the server returns no prompt logprobs (echo), so {spec.task}/{variant} "
+                            "(scored by loglikelihood) is impossible over it"
+                            + ("; --variant cot is generative" if spec.task == "gpqa" else ""))
+        api_notes = {"capabilities": sorted(probe.capabilities), "notes": probe.notes}
     engines = {}
     engines[spec.against] = _run_engine(spec, spec.against, "float32", None, tasks_dir, out, progress)
     engines[spec.engine if spec.engine != spec.against else spec.engine + "-under-test"] = _run_engine(
@@ -235,6 +246,7 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
                     "note": "BUNDLED SAMPLE written for evalsuite, not the real benchmark" if bundled
                     else "user-supplied data in the hub schema"},
         "items": len(ids), "model": spec.model, "weights_sha256": model.weights.sha256,
+        "api": api_notes,
         "engines": {k: {"accuracy": e["accuracy"], "accuracy_ci95": e["accuracy_ci95"],
                         "live_accuracy": e["live_accuracy"],
                         "primary_filter": e["primary_filter"], "lm_eval_results": e["lm_eval_results"],

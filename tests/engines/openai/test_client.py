@@ -118,3 +118,18 @@ def test_tokenize_through_the_server_when_it_has_one(mini_llama):
     with Fake("minimal") as f:
         e = _engine(f, mini_llama)
         assert e.tokenize("abc") == mini_llama.tokenizer.encode("abc")
+
+
+def test_run_refuses_loglikelihood_over_a_server_without_echo(mini_llama, tmp_path):
+    """gpqa mc needs echo prompt logprobs: refused at once, before the reference runs."""
+    import os
+    import subprocess
+    import sys
+
+    with Fake("minimal") as f:
+        p = subprocess.run([sys.executable, "-m", "evalsuite.cli", "run", "gpqa", "--engine", "openai",
+                            "--base-url", f.url, "--model", "mini-llama", "--limit", "2", "--output",
+                            str(tmp_path / "r")], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    assert p.returncode == 2 and "no prompt logprobs" in p.stderr and "--variant cot" in p.stderr
+    assert "Traceback" not in p.stderr and not (tmp_path / "r" / "reference" / "journal.jsonl").exists()
