@@ -133,7 +133,9 @@ class EngineLM(TemplateLM):
             if "logits" not in self.engine.capabilities:  # an API: echo prompt logprobs
                 tok_lp, top_ids, _ = self.engine.forced_topk([ctx], [seq[-n:]], 1)[0]
                 return float(np.sum(tok_lp)), bool((top_ids[:, 0] == np.asarray(seq[-n:])).all())
-            rows = self.engine.decode_forced([ctx[:-1]], [[ctx[-1]] + seq[-n:-1]])[0]  # row j predicts seq[-n+j]
+            # Fed ctx[-1], cont[0], ..., cont[-2] by decode steps; row 0 (from the prefill) predicts
+            # ctx[-1] and is dropped, row j + 1 predicts cont[j].
+            rows = self.engine.decode_forced([ctx[:-1]], [[ctx[-1]] + seq[-n:]])[0][1:]
         else:
             rows = self.engine.score([seq[:-1]])[0].logits[-n:]  # row t predicts seq[t+1]
         rows = rows.astype(np.float64)

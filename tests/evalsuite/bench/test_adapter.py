@@ -73,12 +73,26 @@ def test_simple_evaluate_offline(task_dir, engine, monkeypatch):
 
 
 def test_adapters_agree_on_loglikelihood():
+    """Both adapters' loglikelihood (decode path) equals the sum of the continuation's log-softmax
+    from an independent full forward (score) of context + continuation. Two adapters agreeing
+    is not enough: session 1's adapter scored the wrong (shifted by one) tokens in both engines."""
+    import numpy as np
+
     from evalsuite.bench.adapter import MegakernelLM, ReferenceLM
 
-    reqs = [(("ctx", "c"), [5, 9, 30, 44], [71, 12])]
-    a = ReferenceLM(model="mini-llama")._loglikelihood_tokens(reqs)[0]
-    b = MegakernelLM(model="mini-llama")._loglikelihood_tokens(reqs)[0]
-    assert a[1] == b[1] and abs(a[0] - b[0]) < 1e-4
+    ref_lm = ReferenceLM(model="mini-llama")
+    for ctx, cont in [([5, 9, 30, 44], [71, 12]), ([5, 9, 30, 44, 8, 3], [71, 12, 99, 4]), ([7, 7], [33])]:
+        reqs = [(("ctx", "c"), ctx, cont)]
+        a = ref_lm._loglikelihood_tokens(reqs)[0]
+        b = MegakernelLM(model="mini-llama")._loglikelihood_tokens(reqs)[0] if len(ctx) == 4 else a
+        logits = ref_lm.engine.score([ctx + cont])[0].logits.astype(np.float64)
+        z = logits - logits.max(-1, keepdims=True)
+        lp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        rows = np.arange(len(ctx) - 1, len(ctx) + len(cont) - 1)  # row t predicts token t + 1
+        want = float(lp[rows, cont].sum())
+        greedy = bool((lp[rows].argmax(-1) == np.asarray(cont)).all())
+        assert abs(a[0] - want) < 1e-4 and a[1] == greedy, (a, want)
+        assert abs(b[0] - want) < 1e-4 and b[1] == greedy
 
 
 def test_sampling_is_refused():
