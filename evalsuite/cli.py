@@ -294,13 +294,15 @@ def lm_eval_cmd(args) -> None:
 @click.option("--fault", default=None, help="Megakernel fault injection (self-test aid).")
 @click.option("--output", default="reports/verify", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-def verify(model, engine, dtype, fault, output, as_json) -> None:
+@remote_options
+def verify(model, engine, dtype, fault, output, as_json, base_url, served_model, api_key_env, api_timeout) -> None:
     """The whole gate: golden check, diff, gsm8k, gpqa. Exit 1 on FAIL, else 0."""
     from pathlib import Path
 
     from evalsuite.verify import run_verify
 
-    r = run_verify(model, engine, dtype, fault, Path(output), _progress)
+    r = run_verify(model, engine, dtype, fault, Path(output), _progress,
+                   _remote(base_url, served_model, api_key_env, api_timeout))
     if as_json:
         click.echo(json.dumps(r))
     else:

@@ -16,7 +16,7 @@ from evalsuite.versions import versions
 
 
 def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path,
-               progress: Callable[[str], None]) -> dict:
+               progress: Callable[[str], None], remote=None) -> dict:
     from evalsuite import golden
     from evalsuite.bench.run import RunSpec, run_benchmark
     from evalsuite.compare.diff import DiffSpec, run_diff
@@ -26,23 +26,24 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
     parts: dict[str, dict] = {}
     if model in golden.DEFAULTS:
         progress(f"verify: golden check ({engine})")
-        g = golden.check(model, engine, dtype, fault)
+        g = golden.check(model, engine, dtype, fault, remote=remote)
         parts["golden"] = {"verdict": "PASS" if g.ok else "FAIL", "problems": g.problems, "summary": g.summary}
     else:
         parts["golden"] = {"verdict": "SKIPPED", "problems": [f"no golden settings for {model}"]}
     progress("verify: diff")
-    d = run_diff(DiffSpec(engine=engine, model=model, dtype=dtype, fault=fault), progress)
+    d = run_diff(DiffSpec(engine=engine, model=model, dtype=dtype, fault=fault, remote=remote), progress)
     diff_report(d, out / "diff")
     parts["diff"] = {k: d[k] for k in ("verdict", "real_mismatches", "benign_divergences", "prompts",
                                        "prompts_identical", "noise_tolerance")}
     for task in ("gsm8k", "gpqa"):
         r = run_benchmark(RunSpec(task=task, engine=engine, model=model, dtype=dtype, fault=fault,
-                                  output=str(out / task)), progress)
+                                  output=str(out / task), remote=remote), progress)
         parts[task] = {"verdict": r["verdict"], "items": r["items"], "bundled_sample": r["dataset"]["bundled_sample"],
                        "accuracy": {k: v["accuracy"] for k, v in r["engines"].items()}, "paired": r["paired"]}
     verdicts = [p["verdict"] for p in parts.values() if p["verdict"] != "SKIPPED"]
     overall = "FAIL" if "FAIL" in verdicts else "INCONCLUSIVE" if "INCONCLUSIVE" in verdicts else "PASS"
-    result = {"verdict": overall, "model": model, "engine": engine, "dtype": dtype, "fault": fault, "parts": parts,
+    result = {"verdict": overall, "model": model, "engine": engine, "dtype": dtype, "fault": fault,
+              "base_url": remote.base_url if remote is not None else None, "parts": parts,
               "versions": versions(), "seconds": round(time.time() - t0, 1)}
     write_json(out / "verify.json", result)
     lines = [f"# evalsuite verify: {engine} ({dtype}, fault={fault or 'none'}) on {model} — **{overall}**", "",
