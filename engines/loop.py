@@ -67,10 +67,13 @@ def common_prefix(prompts: Sequence[Sequence[int]]) -> int:
 
 def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,
                  stop: set[int], k: int, want_logits: bool, extend: Callable | None = None,
-                 prefix_len: int = 0, stop_check: Callable | None = None) -> list[Generation]:
+                 prefix_len: int = 0, stop_check: Callable | None = None,
+                 shrink: Callable | None = None) -> list[Generation]:
     """Greedy decode of one batch. With extend and prefix_len > 0 (the prompts' shared prefix), only
     each row's own suffix is prefilled: extend(prefix, suffix tokens, suffix lengths, slots, k,
-    want_logits) starts from the prefix's cached K/V (computed once by the engine)."""
+    want_logits) starts from the prefix's cached K/V (computed once by the engine).
+    With shrink(state, keep) (the engine's gather of cache rows), the batch halves whenever at most
+    half its rows are still generating, so one long answer does not keep 31 finished rows busy."""
     n = len(prompts)
     if extend is not None and prefix_len > 0:
         P = prefix_len
@@ -87,20 +90,29 @@ def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence
     tops_v: list[list] = [[] for _ in range(n)]
     logits: list[list] = [[] for _ in range(n)]
     done = [False] * n
+    slot_row: list[int | None] = [r if r < n else None for r in range(len(lengths))]  # batch slot -> prompt
     for step in range(max_new):
         nxt_h, ti_h, tv_h = np.asarray(nxt), np.asarray(ti), np.asarray(tv)
         lg_h = np.asarray(lg) if want_logits else None
-        for r in range(n):
-            if done[r]:
+        for s, r in enumerate(slot_row):
+            if r is None or done[r]:
                 continue
-            ids[r].append(int(nxt_h[r]))
-            tops_i[r].append(ti_h[r])
-            tops_v[r].append(tv_h[r])
+            ids[r].append(int(nxt_h[s]))
+            tops_i[r].append(ti_h[s])
+            tops_v[r].append(tv_h[s])
             if want_logits:
-                logits[r].append(lg_h[r])
-            done[r] = int(nxt_h[r]) in stop or bool(stop_check and stop_check(ids[r]))
+                logits[r].append(lg_h[s])
+            done[r] = int(nxt_h[s]) in stop or bool(stop_check and stop_check(ids[r]))
         if all(done) or step == max_new - 1:
             break
+        live = [s for s, r in enumerate(slot_row) if r is not None and not done[r]]
+        if shrink is not None and len(live) <= len(slot_row) // 2:
+            B = next_pow2(len(live))
+            keep = np.array(live + [live[0]] * (B - len(live)), np.int32)  # padding repeats a live row
+            state = shrink(state, keep)
+            nxt_h, pos = nxt_h[keep], pos[keep]
+            slot_row = [slot_row[s] for s in live] + [None] * (B - len(live))
+            nxt = nxt_h
         nxt, ti, tv, lg, state = decode(nxt, pos.copy(), state, k, want_logits)
         pos += 1
     return [Generation(list(map(int, prompts[r])), ids[r], np.stack(tops_i[r]), np.stack(tops_v[r]),
@@ -143,7 +155,8 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_context: int
 
 def greedy_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,
                stop_ids: Sequence[int], k: int, want_logits: bool, max_rows: int,
-               extend: Callable | None = None, stop_check: Callable | None = None) -> list[Generation]:
+               extend: Callable | None = None, stop_check: Callable | None = None,
+               shrink: Callable | None = None) -> list[Generation]:
     """greedy_batch over every prompt, in calls bounded by max_rows and the prefill token budget.
     When the engine offers extend and the prompts share a prefix of MIN_SHARED_PREFIX tokens or
     more, batches are formed on the suffix lengths and the prefix is not recomputed per row."""
@@ -152,7 +165,7 @@ def greedy_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[i
     out: list[Generation] = []
     for idx in batches([len(p) - P for p in prompts], max_rows):
         out.extend(greedy_batch(prefill, decode, [prompts[i] for i in idx], max_new,
-                                {int(s) for s in stop_ids}, k, want_logits, extend, P, stop_check))
+                                {int(s) for s in stop_ids}, k, want_logits, extend, P, stop_check, shrink))
     return out
 
 

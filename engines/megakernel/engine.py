@@ -90,6 +90,7 @@ class MegakernelEngine:
                   "final_norm": self.final_norm, "rope": self.rope}
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("slots", "k", "want_logits"))
         self._score = jax.jit(self._score_impl, static_argnames=("want_taps",))
+        self._gather = jax.jit(lambda kc, vc, keep: (kc[:, keep], vc[:, keep]))  # caches [L, B, K, S, hd]
         self._decode = jax.jit(self._decode_impl, static_argnames=("k", "want_logits", "want_taps"),
                                donate_argnums=(3, 4))
 
@@ -151,12 +152,15 @@ class MegakernelEngine:
                                        want_logits=want_logits)
         return (*out, (kc, vc))
 
+    def _shrink_step(self, state, keep):
+        return self._gather(*state, jnp.asarray(keep))
+
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  stop_ids: Sequence[int] = (), top_k: int = 5, want_logits: bool = False,
                  stop_check=None) -> list[Generation]:
         self._check(prompts, max_new_tokens)
         return greedy_all(self._prefill_step, self._decode_step, prompts, max_new_tokens, stop_ids, top_k,
-                          want_logits, MAX_BATCH, stop_check=stop_check)
+                          want_logits, MAX_BATCH, stop_check=stop_check, shrink=self._shrink_step)
 
     def decode_forced(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:

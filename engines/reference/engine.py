@@ -58,6 +58,7 @@ class ReferenceEngine:
         self._extend = jax.jit(partial(self._extend_impl, c), static_argnames=("k", "want_logits"),
                                donate_argnums=(4, 5))
         self._seed = jax.jit(self._seed_impl, static_argnames=("batch", "slots"))
+        self._gather = jax.jit(lambda kc, vc, keep: ([x[keep] for x in kc], [x[keep] for x in vc]))
         self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its per-layer K/V)
         self.share_prefix = True  # False: every row prefilled in full (the benchmark's ablation)
 
@@ -129,7 +130,8 @@ class ReferenceEngine:
             raise ModelError(f"top_k must be in [1, {c.vocab_size}], got {top_k}")
         return greedy_all(self._prefill_step, self._decode_step, prompts, max_new_tokens, stop_ids, top_k,
                           want_logits, MAX_BATCH,
-                          extend=self._extend_step if self.share_prefix else None, stop_check=stop_check)
+                          extend=self._extend_step if self.share_prefix else None, stop_check=stop_check,
+                          shrink=self._shrink_step)
 
     def decode_forced(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:
@@ -161,6 +163,10 @@ class ReferenceEngine:
         *out, kc, vc = self._extend(self.params, jnp.asarray(tokens), jnp.asarray(lengths),
                                     jnp.int32(len(prefix)), kc, vc, k=k, want_logits=want_logits)
         return (*out, (kc, vc))
+
+    def _shrink_step(self, state, keep):
+        """The cache rows of the batch slots in keep (finished rows dropped)."""
+        return self._gather(*state, jnp.asarray(keep))
 
     def _decode_step(self, ids, positions, state, k, want_logits):
         *out, kc, vc = self._decode(self.params, jnp.asarray(ids), jnp.asarray(positions), *state,

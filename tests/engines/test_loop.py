@@ -77,3 +77,25 @@ def test_stop_check_ends_rows_early(mini_llama, engine):
     for f, c in zip(full, cut):
         assert c.token_ids == f.token_ids[:4] and c.finish_reason == "stop"
     assert all(f.finish_reason == "length" and len(f.token_ids) == 10 for f in full)
+
+
+@pytest.mark.parametrize("engine", ["reference", "megakernel"])
+def test_finished_rows_leave_the_batch(mini_llama, engine):
+    """Rows ending at different steps (so the batch shrinks 8 -> 4 -> 2 -> 1) give the tokens each
+    prompt gives alone."""
+    from evalsuite.engines import make_engine
+
+    eng = make_engine(engine, mini_llama, "float32", None)
+    prompts = _shared_prompts(mini_llama.config.vocab_size, seed=11, n=8, prefix_len=3)
+    ends = {i: 2 + 2 * i for i in range(8)}  # prompt i stops after 2 + 2i tokens
+    shrunk = []
+    real = eng._shrink_step
+    eng._shrink_step = lambda state, keep: shrunk.append(len(keep)) or real(state, keep)
+    out = eng.generate(prompts, 20, top_k=2, stop_check=lambda ids: len(ids) >= 2 and ids[0] < 0)  # never
+    assert shrunk == []  # nobody finished early: no shrinking
+    marks = {tuple(g.token_ids[:ends[i]]): ends[i] for i, g in enumerate(out)}
+    cut = eng.generate(prompts, 20, top_k=2, stop_check=lambda ids: marks.get(tuple(ids)) == len(ids))
+    assert shrunk and shrunk[-1] == 1 and all(a > b for a, b in zip(shrunk, shrunk[1:]))
+    for i, (g, full) in enumerate(zip(cut, out)):
+        assert g.token_ids == full.token_ids[:ends[i]] and g.finish_reason == "stop"
+        assert np.abs(g.top_logprobs - full.top_logprobs[:ends[i]]).max() <= PREFIX_TOL
