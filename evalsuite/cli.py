@@ -278,7 +278,7 @@ def serve(engine, model, dtype, fault, host, port, served_model_name) -> None:
                                            "help_option_names": []})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def lm_eval_cmd(args) -> None:
-    """lm-eval's own command line with evalsuite-reference / evalsuite-megakernel registered."""
+    """lm-eval's own command line with evalsuite-reference, evalsuite-megakernel and evalsuite-openai registered."""
     from lm_eval.__main__ import cli_evaluate
 
     import evalsuite.bench.adapter  # noqa: F401  (registers the models)

@@ -1,8 +1,8 @@
 """lm-eval model adapter over the engine protocol (a TemplateLM subclass).
 
-Registered as evalsuite-reference and evalsuite-megakernel: `--model_args model=smollm2-135m,
-dtype=float32,fault=...`. Greedy only: a request asking for sampling is refused, never silently
-decoded greedily.
+Registered as evalsuite-reference, evalsuite-megakernel and evalsuite-openai (add base_url=URL):
+`--model_args model=smollm2-135m,dtype=float32,fault=...`. Greedy only: a request asking for
+sampling is refused, never silently decoded greedily.
 
 - loglikelihood: per (context, continuation), the engine's decode path teacher-forced
   (`decode_forced`): all but the last context token are prefilled, then every continuation token
