@@ -145,6 +145,9 @@ class Server:
                            "NotFoundError", "model")
 
     def sampling(self, body: dict, default_max: int) -> tuple[int, tuple[str, ...]]:
+        """(max_tokens, stop strings) of a completion request; 400 for what greedy serving refuses."""
+        if body.get("stream"):
+            raise APIError(400, "stream is not supported", param="stream")
         t = body.get("temperature", 0)
         if not isinstance(t, (int, float)) or t != 0:
             raise APIError(400, f"temperature {t!r}: this server decodes greedily only (temperature 0)",
@@ -293,8 +296,6 @@ def build_app(engine, model, served_name: str, info: dict | None = None):
     async def completions(request: Request):
         body = await body_of(request)
         srv.check_model(body)
-        if body.get("stream"):
-            raise APIError(400, "stream is not supported", param="stream")
         max_tokens, stops = srv.sampling(body, 16)
         prompts = srv.prompt_ids(body.get("prompt"))
         echo = bool(body.get("echo", False))
@@ -354,8 +355,6 @@ def build_app(engine, model, served_name: str, info: dict | None = None):
     async def chat(request: Request):
         body = await body_of(request)
         srv.check_model(body)
-        if body.get("stream"):
-            raise APIError(400, "stream is not supported", param="stream")
         max_tokens, stops = srv.sampling(body, 256)
         if max_tokens == 0:
             raise APIError(400, "max_tokens must be >= 1", param="max_tokens")
