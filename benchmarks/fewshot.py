@@ -27,13 +27,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 HF_PY = ROOT / ".venv-hf" / "bin" / "python"
-
-
-def _answers(samples) -> dict:
-    out: dict = {}
-    for s in samples:
-        out.setdefault(s["filter"], {})[str(s["doc_id"])] = [s["filtered_resps"][0], s["resps"][0][0]]
-    return out
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fewshot_hf import _answers  # noqa: E402  (stdlib-only at import: safe in either environment)
 
 
 def ours(items: int, batch: int) -> dict:
@@ -55,7 +50,6 @@ def ours(items: int, batch: int) -> dict:
     cold_s, answers = once()
     warm_s, again = once()
     lm.engine.share_prefix = False
-    lm.engine.generate(([[1] * 8]), 1)  # nothing cached across the switch
     noshare_s, plain = once()
     return {"cold_s": cold_s, "warm_s": warm_s, "no_prefix_reuse_s": noshare_s, "batch": batch,
             "samples": answers, "warm_identical": again == answers, "noshare_samples": plain}
@@ -65,10 +59,10 @@ def compare(a: dict, b: dict) -> dict:
     out = {}
     for f in a:
         ids = sorted(a[f], key=int)
-        out[f] = {"identical_extracted": sum(a[f][i][0] == b.get(f, {}).get(i, [None])[0] for i in ids),
-                  "identical_responses": sum(a[f][i][1] == b.get(f, {}).get(i, [None, None])[1] for i in ids),
-                  "items": len(ids),
-                  "differing_docs": [i for i in ids if a[f][i][0] != b.get(f, {}).get(i, [None])[0]]}
+        other = {i: b.get(f, {}).get(i, [None, None]) for i in ids}
+        out[f] = {"identical_extracted": sum(a[f][i][0] == other[i][0] for i in ids),
+                  "identical_responses": sum(a[f][i][1] == other[i][1] for i in ids),
+                  "items": len(ids), "differing_docs": [i for i in ids if a[f][i][0] != other[i][0]]}
     return out
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engines.errors import ModelError
+from evalsuite.stops import cut_at_stop, stop_check, visible_text
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a 2,048-token prompt as JSON ids is about 12 KB
 MAX_TOKENS = 2048  # per request, and prompt + max_tokens must fit the model's context
@@ -116,10 +117,8 @@ class Server:
                     gens = gens[n:]
 
     def _generate(self, prompts, max_tokens, stops, k, ignore_eos):
-        check = (lambda ids: any(s in _ids_text(self.tok, ids) for s in stops)) if stops else None
         return self.engine.generate(prompts, max_tokens, stop_ids=() if ignore_eos else self.tok.eos_ids,
-                                    top_k=max(k, 1),
-                                    stop_check=check)
+                                    top_k=max(k, 1), stop_check=stop_check(self.tok, stops))
 
     async def prompt_logprobs(self, ids: list[int], k: int):
         """Per prompt position t >= 1: (logprob of ids[t], top-k [(id, logprob)]) from the score path."""
@@ -205,18 +204,6 @@ class Server:
 
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _ids_text(tok, ids: list[int]) -> str:
-    return tok.decode([i for i in ids if i not in tok.eos_ids])
-
-
-def _cut(text: str, stops: tuple[str, ...]) -> tuple[str, str | None]:
-    hits = [(text.find(s), s) for s in stops if s in text]
-    if not hits:
-        return text, None
-    at, s = min(hits)
-    return text[:at], s
 
 
 def build_app(engine, model, served_name: str, info: dict | None = None):
@@ -312,7 +299,7 @@ def build_app(engine, model, served_name: str, info: dict | None = None):
         for i, (ids, g) in enumerate(zip(prompts, gens)):
             gen_ids = g.token_ids if g is not None else []
             n_gen += len(gen_ids)
-            text, hit = _cut(_ids_text(tok, gen_ids), stops)
+            text, hit = cut_at_stop(visible_text(tok, gen_ids), stops)
             finish = "stop" if hit or (g is not None and g.finish_reason == "stop") else "length"
             lp = None
             if k is not None:
@@ -366,7 +353,7 @@ def build_app(engine, model, served_name: str, info: dict | None = None):
         srv.check_length([ids], max_tokens)
         g = (await srv.submit(Job([ids], max_tokens, stops, k if want_lp else 0,
                                   bool(body.get("ignore_eos", False)))))[0]
-        text, hit = _cut(_ids_text(tok, g.token_ids), stops)
+        text, hit = cut_at_stop(visible_text(tok, g.token_ids), stops)
         content_lp = None
         if want_lp:
             content_lp = [{"token": tok.decode([t]), "logprob": float(g.top_logprobs[j][0]),

@@ -258,9 +258,8 @@ class OpenAIEngine:
                     top_ids[j, m], top_lp[j, m] = int(a), float(b)
         elif isinstance(lp.get("top_logprobs"), list) and len(lp["top_logprobs"]) == n:
             for j, row in enumerate(lp["top_logprobs"]):
-                for m, (s, b) in enumerate(sorted((row or {}).items(), key=lambda x: -x[1])[:k]):
-                    enc = self.tok.encode(s) if self.tok else []
-                    top_ids[j, m], top_lp[j, m] = (enc[0] if len(enc) == 1 else -1), float(b)
+                for m, (a, b) in enumerate(self._by_id(row)[:k]):
+                    top_ids[j, m], top_lp[j, m] = a, b
         tl = lp.get("token_logprobs")
         if isinstance(tl, list) and len(tl) == n:  # the chosen token's own logprob (greedy: the top-1)
             top_lp[:, 0] = [np.nan if x is None else float(x) for x in tl]
@@ -268,6 +267,15 @@ class OpenAIEngine:
         cut = next((j + 1 for j, t in enumerate(ids) if t in stop_set), n)
         finish = "stop" if cut < n or (ids and ids[-1] in stop_set) or ch.get("finish_reason") == "stop" else "length"
         return Generation(list(map(int, prompt)), ids[:cut], top_ids[:cut], top_lp[:cut], finish)
+
+    def _by_id(self, top: dict | None) -> list[tuple[int, float]]:
+        """OpenAI's {token string: logprob} as [(id, logprob)], most likely first; a string that is not
+        exactly one token of the local tokenizer gets id -1 (never matched)."""
+        out = []
+        for s, v in sorted((top or {}).items(), key=lambda z: -z[1]):
+            enc = self.tok.encode(s) if self.tok else []
+            out.append((enc[0] if len(enc) == 1 else -1, float(v)))
+        return out
 
     def forced_topk(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], k: int = 5):
         """Teacher-forced through echo: per row (token_logprobs [N], top_ids [N, k], top_logprobs
@@ -290,9 +298,10 @@ class OpenAIEngine:
             ti = np.full((len(x), k), -1, np.int64)
             tv = np.full((len(x), k), np.nan, np.float64)
             for j, t in enumerate(span):
-                row = (by_id[t] if isinstance(by_id, list) and len(by_id) > t and by_id[t] else
-                       [[(self.tok.encode(s) + [-1])[0] if self.tok else -1, v]
-                        for s, v in sorted((tops[t] or {}).items(), key=lambda z: -z[1])] if len(tops) > t else [])
+                if isinstance(by_id, list) and len(by_id) > t and by_id[t]:
+                    row = by_id[t]
+                else:
+                    row = self._by_id(tops[t]) if len(tops) > t else []
                 for m, (a, b) in enumerate(row[:k]):
                     ti[j, m], tv[j, m] = int(a), float(b)
             out.append((np.array([float(tl[t]) for t in span]), ti, tv))

@@ -80,10 +80,7 @@ class ReferenceEngine:
 
     @classmethod
     def _prefill_impl(cls, c, p, tokens, lengths, kc, vc, k, want_logits):
-        B, T = tokens.shape
-        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        last, kc, vc, _ = model.forward(p, c, tokens, positions, kc, vc, logit_index=lengths - 1)
-        return (*cls._pick(last, k, want_logits), kc, vc)
+        return cls._extend_impl(c, p, tokens, lengths, 0, kc, vc, k, want_logits)
 
     @classmethod
     def _extend_impl(cls, c, p, tokens, lengths, start, kc, vc, k, want_logits):

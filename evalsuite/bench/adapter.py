@@ -22,6 +22,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from evalsuite.errors import SpecError
+from evalsuite.stops import cut_at_stop, stop_check, visible_text
 
 DEFAULT_MAX_GEN_TOKS = 256
 DEFAULT_MAX_LENGTH = 2048
@@ -159,14 +160,6 @@ class EngineLM(TemplateLM):
         return out
 
     # ---- generation -------------------------------------------------------------------------------
-    def _stop_check(self, until):
-        """A row stops as soon as its decoded text holds a stop string (as lm-eval's hf backend
-        does), instead of running to max_gen_toks; the text is still cut at the first one."""
-        until = [u for u in until if u]
-        if not until:
-            return None
-        return lambda ids: any(u in self.tok_decode(ids) for u in until)
-
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         from evalsuite.bench.journal import request_key
         from evalsuite.bench.live import Tally, judge_generation
@@ -204,13 +197,12 @@ class EngineLM(TemplateLM):
                 prompts = [self.tok_encode(args[i][0])[-(self.max_length - max_toks):] for i in chunk]
                 extra = {"stop_strings": list(until)} if "stop_strings" in self.engine.capabilities else {}
                 gens = self.engine.generate(prompts, max_toks, stop_ids=self.model.tokenizer.eos_ids, top_k=1,
-                                            stop_check=self._stop_check(until), **extra)
+                                            stop_check=stop_check(self.model.tokenizer, until), **extra)
                 recs = []
                 for i, g in zip(chunk, gens):
-                    text = self.tok_decode([t for t in g.token_ids if t not in self.model.tokenizer.eos_ids])
-                    hits = [text.find(u) for u in until if u and u in text]
-                    finish = "stop" if hits or g.finish_reason == "stop" else "length"
-                    out[i] = text[:min(hits)] if hits else text
+                    text = visible_text(self.model.tokenizer, g.token_ids)
+                    out[i], hit = cut_at_stop(text, until)
+                    finish = "stop" if hit or g.finish_reason == "stop" else "length"
                     rec = {"key": keys[i], "kind": "gen", "result": out[i], "finish_reason": finish,
                            "generated_tokens": len(g.token_ids), "raw": text}
                     recs.append(rec)
