@@ -100,3 +100,10 @@ def test_models_lists_registry():
     assert rows["smollm2-135m"]["sha256"] == \
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     assert rows["smollm2-135m"]["params"] == 134_515_008
+
+
+def test_base_url_without_engine_openai_is_refused():
+    p = subprocess.run([sys.executable, "-m", "evalsuite.cli", "run", "gsm8k", "--engine", "megakernel",
+                        "--base-url", "http://127.0.0.1:9/v1", "--model", "mini-llama"], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.strip() == "error: --base-url applies to --engine openai, not megakernel"

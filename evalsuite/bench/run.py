@@ -71,6 +71,8 @@ class RunSpec:
             raise SpecError(f"--limit must be >= 1, got {self.limit}")
         if self.against != "reference":
             raise SpecError("--against: only 'reference' is supported")
+        if self.remote is not None and self.engine != "openai":
+            raise SpecError(f"--base-url applies to --engine openai, not {self.engine}")
 
 
 def resolve_data(task: str, data_dir: str | None) -> tuple[Path, bool]:
