@@ -9,6 +9,7 @@ import click
 
 from engines.errors import ModelError
 from evalsuite.errors import SpecError
+from evalsuite.verdict import exit_code
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_PROMPT = "The capital of France is"
@@ -214,7 +215,8 @@ def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model,
 
 @main.command("run")
 @click.argument("task")
-@click.option("--variant", default=None, help="gsm8k: 5shot (default) or chat; gpqa: mc (default) or cot.")
+@click.option("--variant", default=None,
+              help="gsm8k: 5shot (default) or chat; gpqa: mc (default) or cot; sanity: gen (default) or mc.")
 @click.option("--engine", default="megakernel", show_default=True)
 @click.option("--against", default="reference", show_default=True)
 @click.option("--model", default=DEFAULT_MODEL, show_default=True)
@@ -229,7 +231,7 @@ def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model,
 @remote_options
 def run_cmd(task, variant, engine, against, model, limit, data_dir, output, dtype, fault, margin, seed,
             as_json, base_url, served_model, api_key_env, api_timeout) -> None:
-    """Benchmark TASK (gsm8k, gpqa) on ENGINE and the reference; paired verdict.
+    """Benchmark TASK (gsm8k, gpqa, sanity) on ENGINE and the reference; paired verdict.
     Exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 usage error."""
     from evalsuite.bench.run import RunSpec, run_benchmark
 
@@ -240,13 +242,10 @@ def run_cmd(task, variant, engine, against, model, limit, data_dir, output, dtyp
     if as_json:
         click.echo(json.dumps(r))
     else:
-        accs = ", ".join(f"{k} {v['accuracy']:.3f}" for k, v in r["engines"].items())
-        p = r["paired"]
-        click.echo(f"{r['verdict']}: {r['task']}/{r['variant']} on {r['items']} items "
-                   f"({'bundled sample' if r['dataset']['bundled_sample'] else r['dataset']['path']}): {accs}; "
-                   f"b={p['b']} c={p['c']} McNemar p={p['mcnemar_p']:.3g}, diff 95% CI "
-                   f"[{p['diff_ci'][0]:+.3f}, {p['diff_ci'][1]:+.3f}], margin {p['margin']}")
-    sys.exit({"PASS": 0, "FAIL": 1}.get(r["verdict"], 3))
+        from evalsuite.report import run_text
+
+        click.echo(run_text(r))
+    sys.exit(exit_code(r["verdict"]))
 
 
 @main.command()
@@ -296,7 +295,7 @@ def lm_eval_cmd(args) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @remote_options
 def verify(model, engine, dtype, fault, output, as_json, base_url, served_model, api_key_env, api_timeout) -> None:
-    """The whole gate: golden check, diff, gsm8k, gpqa. Exit 1 on FAIL, else 0."""
+    """The whole gate: golden check, diff, gsm8k, gpqa. Exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE."""
     from pathlib import Path
 
     from evalsuite.verify import run_verify
@@ -307,7 +306,7 @@ def verify(model, engine, dtype, fault, output, as_json, base_url, served_model,
         click.echo(json.dumps(r))
     else:
         click.echo(Path(output, "report.md").read_text())
-    sys.exit(1 if r["verdict"] == "FAIL" else 0)
+    sys.exit(exit_code(r["verdict"]))
 
 
 if __name__ == "__main__":

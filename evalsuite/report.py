@@ -12,6 +12,20 @@ def write_json(path: Path, obj: dict) -> None:
     tmp.replace(path)  # atomic: a killed run never leaves half a file
 
 
+def run_text(r: dict) -> str:
+    """`evalsuite run`'s text: the verdict with its reason, accuracies, warnings."""
+    accs = ", ".join(f"{k} {v['accuracy']:.3f}" for k, v in r["engines"].items())
+    p = r["paired"]
+    data = "bundled sample" if r["dataset"]["bundled_sample"] else r["dataset"]["path"]
+    lines = [f"{r['verdict']}: {r['task']}/{r['variant']} on {r['items']} items ({data}): {accs}; "
+             f"b={p['b']} c={p['c']}, diff CI [{p['diff_ci'][0]:+.3f}, {p['diff_ci'][1]:+.3f}], margin {p['margin']}",
+             f"  {p['explanation']}"]
+    if r.get("settle"):
+        lines.append(f"  to settle it: {r['settle']}")
+    lines += [f"  warning: {w}" for w in r.get("warnings", [])]
+    return "\n".join(lines)
+
+
 def diff_report(result: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "results.json", result)

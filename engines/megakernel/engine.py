@@ -21,6 +21,11 @@ F32 = jnp.float32
 MAX_BATCH = 8  # the kernel's rows per call (each row at its own position)
 ATTN_TILE = 128  # cache positions per online-softmax step (or all slots when fewer)
 INTERPRET_MODES = ("generic", "tpu")
+# Faults outside the kernel: stale_feedback is a host generation-loop bug (from the second decode
+# step on, each row is fed the token sampled one step too early, as a loop that reads the previous
+# step's output buffer does). Only generate() has it: teacher-forced paths feed given tokens.
+LOOP_FAULTS = ("stale_feedback",)
+ENGINE_FAULTS = FAULTS + LOOP_FAULTS
 KEEP_F32 = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "router", "router_bias")  # tiny, precision-critical
 
 
@@ -62,8 +67,8 @@ class MegakernelEngine:
                  interpret: str = "generic", fault_layer: int | None = None, n_buffers: int = 2):
         if dtype not in DTYPES:
             raise ModelError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
-        if fault is not None and fault not in FAULTS:
-            raise ModelError(f"unknown fault {fault!r}; expected one of {', '.join(FAULTS)}")
+        if fault is not None and fault not in ENGINE_FAULTS:
+            raise ModelError(f"unknown fault {fault!r}; expected one of {', '.join(ENGINE_FAULTS)}")
         if fault == "router_second_choice" and weights.config.family != "moe":
             raise ModelError(f"fault router_second_choice needs a MoE model; {weights.config.name} is dense")
         if interpret not in INTERPRET_MODES:
@@ -159,8 +164,11 @@ class MegakernelEngine:
                  stop_ids: Sequence[int] = (), top_k: int = 5, want_logits: bool = False,
                  stop_check=None) -> list[Generation]:
         self._check(prompts, max_new_tokens)
-        return greedy_all(self._prefill_step, self._decode_step, prompts, max_new_tokens, stop_ids, top_k,
-                          want_logits, MAX_BATCH, stop_check=stop_check, shrink=self._shrink_step)
+        decode, shrink = self._decode_step, self._shrink_step
+        if self.fault == "stale_feedback":
+            decode, shrink = _stale_feedback(decode, shrink)
+        return greedy_all(self._prefill_step, decode, prompts, max_new_tokens, stop_ids, top_k,
+                          want_logits, MAX_BATCH, stop_check=stop_check, shrink=shrink)
 
     def decode_forced(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:
@@ -189,4 +197,23 @@ class MegakernelEngine:
         return np.asarray(taps).transpose(1, 0, 2)[:n]
 
 
-__all__ = ["MegakernelEngine", "FAULTS", "races_found", "tpu_interpret_params"]
+def _stale_feedback(decode, shrink):
+    """The stale_feedback fault around a decode step and its batch shrink (see LOOP_FAULTS)."""
+    prev: dict[str, np.ndarray] = {}
+
+    def step(ids, positions, state, k, want_logits):
+        ids = np.asarray(ids)
+        last = prev.get("ids")
+        fed = last if last is not None and last.shape == ids.shape else ids
+        prev["ids"] = ids.copy()
+        return decode(fed, positions, state, k, want_logits)
+
+    def shrink_rows(state, keep):
+        if prev.get("ids") is not None:
+            prev["ids"] = prev["ids"][np.asarray(keep)]
+        return shrink(state, keep)
+
+    return step, shrink_rows
+
+
+__all__ = ["MegakernelEngine", "FAULTS", "ENGINE_FAULTS", "races_found", "tpu_interpret_params"]

@@ -35,8 +35,9 @@ def device_params(weights: Weights, dtype: str) -> dict:
 
 
 class ReferenceEngine:
-    """Pure-JAX reference. dtype "float32" or "bfloat16" (weights and activations; norms, RoPE,
-    softmax, routing and accumulation stay float32)."""
+    """Pure-JAX reference. dtype "float32" or "bfloat16": the weights' dtype; matmul inputs are
+    rounded to it, everything else (residual, KV cache, norms, softmax, accumulation) is float32
+    (see model.py: the bf16 recipe engines declare)."""
 
     capabilities = frozenset({"score", "generate", "taps", "logits"})
     max_batch = MAX_BATCH
@@ -67,7 +68,7 @@ class ReferenceEngine:
     def _score_impl(c, p, tokens, want_taps):
         B, T = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        kc = [jnp.zeros((B, c.n_kv_heads, T, c.head_dim), p["embed"].dtype)] * c.n_layers
+        kc = [jnp.zeros((B, c.n_kv_heads, T, c.head_dim), jnp.float32)] * c.n_layers
         logits, _, _, taps = model.forward(p, c, tokens, positions, kc, kc, want_taps)
         return logits, taps
 
@@ -174,6 +175,5 @@ class ReferenceEngine:
         """Empty K and V caches: per layer [batch, K, slots, hd]."""
         c = self.config
         shape = (batch, c.n_kv_heads, slots, c.head_dim)
-        dt = self.params["embed"].dtype
-        return ([jnp.zeros(shape, dt) for _ in range(c.n_layers)],
-                [jnp.zeros(shape, dt) for _ in range(c.n_layers)])
+        return ([jnp.zeros(shape, jnp.float32) for _ in range(c.n_layers)],
+                [jnp.zeros(shape, jnp.float32) for _ in range(c.n_layers)])

@@ -2,8 +2,13 @@
 
 Written to be read, not to be fast: one Python loop over layers, every step named. Shapes:
 B batch rows, T tokens this call, S cache slots, D hidden, H query heads, K kv heads, hd head dim,
-V vocab, E experts. Norms, RoPE, softmax and routing always compute in float32; matmuls take the
-activation dtype (float32 or bfloat16) and accumulate in float32.
+V vocab, E experts.
+
+Precision: the residual stream, norms, RoPE, attention, softmax, routing and the KV cache are
+float32 in every mode. The weights' dtype is the mode (float32 or bfloat16): a matmul rounds its
+input to the weight dtype and accumulates in float32, so "bfloat16" is the TPU recipe (bf16
+weights and matmul inputs, f32 accumulation and residual) that engines declare for bf16 mode,
+and the reference run in bf16 against itself in f32 measures that recipe's own error.
 """
 
 from __future__ import annotations
@@ -17,10 +22,10 @@ f32 = jnp.float32
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
-    """x / sqrt(mean(x^2) + eps) * w over the last axis, computed in float32."""
+    """x / sqrt(mean(x^2) + eps) * w over the last axis, in float32."""
     x32 = x.astype(f32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (y * w.astype(f32)).astype(x.dtype)
+    return y * w.astype(f32)
 
 
 def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
@@ -40,7 +45,7 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, style: str) -> jax.
         half = x.shape[-1] // 2
         a, b = x32[..., :half], x32[..., half:]
         out = jnp.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
-    return out.astype(x.dtype)
+    return out
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array) -> jax.Array:
@@ -65,11 +70,17 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array) -> jax
     probs = jax.nn.softmax(scores, axis=-1)
     out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
     out = out.reshape(B, K, G, T, hd).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, hd]
-    return out.reshape(B, T, H * hd).astype(q.dtype)
+    return out.reshape(B, T, H * hd)
+
+
+def rounded(x: jax.Array, dtype) -> jax.Array:
+    """x rounded to dtype (a matmul input in bf16 mode), held as float32."""
+    return x.astype(dtype).astype(f32)
 
 
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    return jnp.matmul(x, w, preferred_element_type=f32).astype(x.dtype)
+    """x (float32) @ w: the input rounded to w's dtype, products accumulated in float32."""
+    return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=f32)
 
 
 def swiglu(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:
@@ -103,13 +114,14 @@ def route(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -> jax.Ar
 def moe(x: jax.Array, p: dict, m: int, c: Config) -> jax.Array:
     """Routed experts (every expert evaluated, weighted by route's sparse weights) + shared expert."""
     gates = route(x, p["router"][m], p["router_bias"][m], c)  # [B, T, E]
-    # Operands widened to float32: exactly the products of bf16 inputs with f32 accumulation, and
-    # XLA on CPU has no bf16 x bf16 -> f32 kernel for these batched contractions.
-    x32 = x.astype(f32)
+    # Operands widened to float32 after rounding to the weight dtype: exactly the products of bf16
+    # inputs with f32 accumulation (XLA on CPU has no bf16 x bf16 -> f32 batched contraction).
+    wd = p["e_gate"][m].dtype
+    x32 = rounded(x, wd)
     h = (jax.nn.silu(jnp.einsum("btd,edf->btef", x32, p["e_gate"][m].astype(f32)))
-         * jnp.einsum("btd,edf->btef", x32, p["e_up"][m].astype(f32))).astype(x.dtype)
-    y = jnp.einsum("btef,efd->bted", h.astype(f32), p["e_down"][m].astype(f32))
-    out = jnp.einsum("bte,bted->btd", gates, y).astype(x.dtype)
+         * jnp.einsum("btd,edf->btef", x32, p["e_up"][m].astype(f32)))
+    y = jnp.einsum("btef,efd->bted", rounded(h, wd), p["e_down"][m].astype(f32))
+    out = jnp.einsum("bte,bted->btd", gates, y)
     if c.n_shared_experts:
         out = out + swiglu(x, p["s_gate"][m], p["s_up"][m], p["s_down"][m])
     return out
@@ -127,9 +139,8 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
     stream after each layer, float32) when want_taps, else None.
     """
     B, T = tokens.shape
-    dt = p["embed"].dtype
     k_cache, v_cache = list(k_cache), list(v_cache)
-    x = p["embed"][tokens]  # [B, T, D]
+    x = p["embed"][tokens].astype(f32)  # [B, T, D], the float32 residual stream
     cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta)
     rows = jnp.arange(B)[:, None]  # [B, 1], broadcast with positions for the cache scatter
     taps = []
@@ -159,5 +170,5 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
         x = jnp.take_along_axis(x, logit_index[:, None, None], axis=1)[:, 0]  # [B, D]
     x = rms_norm(x, p["final_norm"], c.rms_eps)
     head = p["embed"] if c.tie_embeddings else p["lm_head"]
-    logits = jnp.einsum("...d,vd->...v", x, head.astype(dt), preferred_element_type=f32)
+    logits = jnp.einsum("...d,vd->...v", x.astype(head.dtype), head, preferred_element_type=f32)
     return logits, k_cache, v_cache, (jnp.stack(taps) if want_taps else None)

@@ -33,13 +33,20 @@ VARIANTS = {
               "chat": ("evalsuite_gsm8k", "gsm8k", "flexible-extract", "exact_match", True)},
     "gpqa": {"mc": ("evalsuite_gpqa_mc", "gpqa", "none", "acc", False),
              "cot": ("evalsuite_gpqa_cot", "gpqa", "answer-is", "exact_match", False)},
+    # project-written items a 135M model gets right (tasks/make_sanity.py): where a broken engine
+    # visibly loses accuracy, so every verdict path of `run` can be reached on real weights
+    "sanity": {"gen": ("evalsuite_sanity", "sanity", "none", "exact_match", False),
+               "mc": ("evalsuite_sanity_mc", "sanity", "none", "acc", False)},
 }
-DEFAULT_VARIANT = {"gsm8k": "5shot", "gpqa": "mc"}
-BUNDLED = {"gsm8k": TASKS_DIR / "data" / "gsm8k_sample.jsonl", "gpqa": TASKS_DIR / "data" / "gpqa_sample.jsonl"}
+DEFAULT_VARIANT = {"gsm8k": "5shot", "gpqa": "mc", "sanity": "gen"}
+BUNDLED = {"gsm8k": TASKS_DIR / "data" / "gsm8k_sample.jsonl", "gpqa": TASKS_DIR / "data" / "gpqa_sample.jsonl",
+           "sanity": TASKS_DIR / "data" / "sanity.jsonl"}
 COLUMNS = {"gsm8k": ("question", "answer"),
-           "gpqa": ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")}
+           "gpqa": ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3"),
+           "sanity": ("question", "answer", "choices", "label")}
 PATTERNS = {"gsm8k": ("test*.parquet", "test*.jsonl", "test*.csv", "*gsm8k*test*"),
-            "gpqa": ("gpqa_diamond*.csv", "gpqa_diamond*.parquet", "gpqa_diamond*.jsonl", "*diamond*")}
+            "gpqa": ("gpqa_diamond*.csv", "gpqa_diamond*.parquet", "gpqa_diamond*.jsonl", "*diamond*"),
+            "sanity": ("sanity*.jsonl",)}
 REPEAT_NGRAM = 4  # repetition loop: share of repeated 4-grams in a response
 
 
@@ -207,6 +214,19 @@ def _failures(records: list[dict], task: str) -> dict:
     return out
 
 
+def _settle(spec: RunSpec, v: stats.PairedVerdict, bundled: bool, n_items: int) -> str | None:
+    """For an INCONCLUSIVE verdict: the command that could settle it."""
+    if v.verdict != "INCONCLUSIVE":
+        return None
+    need = v.items_needed
+    if bundled:
+        return (f"the bundled sample holds {n_items} items and PASS needs >= {need}: run on the full set, "
+                f"`evalsuite run {spec.task} --data-dir DIR` (DIR holding the real {spec.task} files)")
+    if spec.limit is not None and spec.limit < n_items:
+        return f"drop --limit (or raise it to >= {need}; the file holds {n_items} items)"
+    return f"the data holds {n_items} items and PASS needs >= {need} with b={v.b}: a larger set, or a wider --margin"
+
+
 def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: None) -> dict:
     from evalsuite.registry import load_model
 
@@ -236,7 +256,7 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     ids = [r["doc_id"] for r in a["records"]]
     assert ids == [r["doc_id"] for r in b["records"]], "both engines must see the same items"
     v = stats.paired_verdict([r["correct"] for r in a["records"]], [r["correct"] for r in b["records"]],
-                             margin=spec.margin, seed=spec.seed)
+                             margin=spec.margin)
     agree = float(np.mean([x["correct"] == y["correct"] for x, y in zip(a["records"], b["records"])]))
     same_resp = float(np.mean([x["extracted"] == y["extracted"] and (x["generated_tokens"] is None
                                                                       or x["response"] == y["response"])
@@ -253,17 +273,17 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
                         "live_accuracy": e["live_accuracy"],
                         "primary_filter": e["primary_filter"], "lm_eval_results": e["lm_eval_results"],
                         "failures": _failures(e["records"], spec.task)} for k, e in engines.items()},
-        "paired": {"b": v.b, "c": v.c, "mcnemar_p": v.mcnemar_p, "diff_ci": list(v.diff_ci),
-                   "item_agreement": agree, "identical_responses": same_resp, "margin": v.margin,
-                   "rule_of_three_upper": v.rule_of_three_upper, "bootstrap_seed": v.seed,
+        "paired": {"b": v.b, "c": v.c, "mcnemar_p": v.mcnemar_p, "loss_p": v.loss_p, "loss_upper": v.loss_upper,
+                   "diff_ci": list(v.diff_ci), "item_agreement": agree, "identical_responses": same_resp,
+                   "margin": v.margin, "alpha": v.alpha, "items_needed": v.items_needed,
+                   "rule_of_three_upper": v.rule_of_three_upper, "explanation": v.explain(),
                    "meaning": f"b = {ka} right and {kb} wrong; c = {ka} wrong and {kb} right; diff = "
                               f"accuracy({kb}) - accuracy({ka})"},
         "warnings": ([f"responses differ on {round((1 - same_resp) * len(ids))} of {len(ids)} items although greedy "
                       "decoding of the same prompts should match: run `evalsuite diff` to localise it"]
                      if same_resp < 1 else []),
-        "verdict_rule": f"PASS when the paired 95% CI lower end of the accuracy difference is above "
-                        f"-{spec.margin}, or when no item is discordant (then |diff| <= 3/n, the rule of "
-                        "three); FAIL when its upper end is below 0; else INCONCLUSIVE",
+        "verdict_rule": v.rule,
+        "settle": _settle(spec, v, bundled, n_items),
         "spec": asdict(spec), "seed": spec.seed, "versions": versions(), "seconds": round(time.time() - t0, 1),
     }
     write_json(out / "comparison.json", result)
