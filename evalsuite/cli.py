@@ -147,7 +147,8 @@ def diff(engine, against, model, prompts, max_new_tokens, dtype, batch, fault, n
             _progress(f"wrote {p}")
     if as_json:
         slim = {k: v for k, v in result.items() if k != "per_prompt"}
-        slim["per_prompt"] = [{k: v for k, v in p.items() if k != "tf"} | {"max_dlogit": p["tf"].get("max_dlogit")}
+        slim["per_prompt"] = [{k: v for k, v in p.items() if k not in ("tf", "per_position")}
+                              | {"max_dlogit": p["tf"]["max_dlogit"], "max_dlogprob": p["tf"]["max_dlogprob"]}
                               for p in result["per_prompt"]]
         click.echo(json.dumps(slim))
     else:
@@ -156,13 +157,18 @@ def diff(engine, against, model, prompts, max_new_tokens, dtype, batch, fault, n
                    f"{result['benign_divergences']} benign divergences over {result['positions']} positions "
                    f"({result['prompts_identical']}/{result['prompts']} prompts identical); "
                    f"noise tolerance {result['noise_tolerance']}")
+        for k, v in result.get("tolerance_overrides", {}).items():
+            click.echo(f"tolerance overridden: {k} {v['used']} (measured default {v['default']})")
+        d = result.get("bf16_drift") or {}
+        if d.get("checked"):
+            click.echo(f"bf16 drift: ratio {d['ratio']:.2f} to the reference's bf16 recipe (bound {d['bound']})")
         for note in result.get("checks_not_possible", []):
-            click.echo(f"not possible over this engine: {note}")
+            click.echo(f"not checked: {note}")
         b = result["bisection"]
         if b:
             click.echo(f"bisection: prompt {b['prompt']} position {b['position']}: first layer out of "
                        f"tolerance {b['layer']}")
-    sys.exit(0 if result["verdict"] == "PASS" else 1)
+    sys.exit(exit_code(result["verdict"]))
 
 
 @main.group()

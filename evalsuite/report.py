@@ -41,16 +41,18 @@ def diff_report(result: dict, out: Path) -> list[Path]:
         f"- **real mismatches: {r['real_mismatches']}**, benign divergences: {r['benign_divergences']}, "
         f"prompts identical: {r['prompts_identical']}/{r['prompts']}",
         f"  (token mismatches {r['real_token_mismatches']}, distribution mismatches "
-        f"{r['distribution_mismatches']}: same token but KL(ref||engine) > {r['kl_tolerance']})",
-        f"- noise tolerance {r['noise_tolerance']}: {r['noise_tolerance_rule']}",
+        f"{r['distribution_mismatches']}: same token but |Δlogit|, KL or |Δlogprob| beyond its bound)",
+        f"- tolerances {r['tolerances']}: {r['noise_tolerance_rule']}",
+        *[f"- **tolerance overridden**: {k} {v['used']} (measured default {v['default']})"
+          for k, v in r.get("tolerance_overrides", {}).items()],
+        f"- bf16 drift: {_drift_text(r.get('bf16_drift'))}",
         f"- observed |Δlogit| where the argmax agrees: p50 {r['observed_noise'].get('p50', 0):.2e}, "
         f"p99 {r['observed_noise'].get('p99', 0):.2e}, max {r['observed_noise'].get('max', 0):.2e}",
-        (f"- KL(ref||engine) p99 {r['summary']['kl'].get('p99', 0):.2e}, top-5 overlap "
-         f"{r['summary']['top5_overlap_mean']:.3f}, argmax agreement {r['summary']['argmax_agreement']:.4f}"
-         if "kl" in r["summary"] else
+        (f"- KL(ref||engine) p99 {r['summary']['kl'].get('p99', 0):.2e}, argmax agreement "
+         f"{r['summary']['argmax_agreement']:.4f}" if "kl" in r["summary"] else
          f"- over an API: |Δlogprob| of the reference token bounded by {r.get('logprob_tolerance')}; argmax "
          f"agreement {r['summary']['argmax_agreement']:.4f}"),
-        *[f"- not possible over this engine: {n}" for n in r.get("checks_not_possible", [])],
+        *[f"- not checked: {n}" for n in r.get("checks_not_possible", [])],
         f"- batch invariance (B={r['batch_invariance']['batch']}): "
         f"{'yes' if r['batch_invariance']['invariant'] else 'NO'}; deterministic: "
         f"{'yes' if r['batch_invariance']['deterministic'] else 'NO'}",
@@ -60,19 +62,29 @@ def diff_report(result: dict, out: Path) -> list[Path]:
         lines.append(f"- bisection at prompt {b.get('prompt')} position {b['position']}: first layer out of "
                      f"tolerance: {b['layer'] if b['layer'] is not None else 'none'}")
     lines += ["", f"![per-position max |Δlogit|]({png.name})", "",
-              "| prompt | kind | first divergence | ref token | engine token | ref gap | rank | class "
+              "| prompt | kind | first divergence | ref token | engine token | gap to engine token | rank | class "
               "| real | benign | max Δlogit |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in r["per_prompt"]:
         f = p["first_divergence"]
-        cells = ([str(f["position"]), repr(f["reference_text"]), repr(f["engine_text"]),
-                  f"{f['reference_gap']:.3g}", str(f["engine_token_rank_in_reference"]), f["class"]]
+        cells = ([str(f["position"]), repr(f.get("reference_text", f["reference_token"])),
+                  repr(f.get("engine_text", f["engine_token"])), f"{f.get('gap_to_engine_token', float('nan')):.3g}",
+                  str(f.get("engine_token_rank_in_reference", "")), f["class"]]
                  if f else ["-", "", "", "", "", ""])
         lines.append(f"| {p['id']} | {p['kind']} | " + " | ".join(c.replace("|", "\\|") for c in cells)
                      + f" | {len(p['real_positions'])} | {len(p['benign_positions'])} | "
-                       f"{_num(p['tf'].get('max_dlogit', p['tf'].get('max_dlogprob')))} |")
+                       f"{_num(p['tf']['max_dlogit'] if p['tf']['max_dlogit'] is not None else p['tf']['max_dlogprob'])} |")
     md = out / "report.md"
     md.write_text("\n".join(lines) + "\n")
     return [md, out / "results.json", png]
+
+
+def _drift_text(d: dict | None) -> str:
+    if not d:
+        return "n/a"
+    if not d.get("checked"):
+        return d.get("why", "not checked")
+    return (f"mean {d['engine_mean']:.3g} vs the reference's bf16 recipe {d['recipe_mean']:.3g} on the same "
+            f"{d['positions']} positions: ratio {d['ratio']:.2f} (bound {d['bound']}) {'ok' if d['ok'] else 'EXCEEDED'}")
 
 
 def _num(x) -> str:
@@ -86,20 +98,23 @@ def _plot(r: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 5))
+    measure = "max |Δlogit|"
     for p in r["per_prompt"]:
-        ax.plot([float("nan") if v is None else v for v in p["tf"].get("dlogit", p["tf"].get("dlogprob_forced", []))],
-                lw=0.8, alpha=0.6)
+        pp = p.get("per_position") or {}
+        vals = [float("nan") if v is None else max(v, 1e-12) for v in (pp.get("values") or [])]
+        measure = pp.get("measure", measure)
+        ax.plot(vals, lw=0.8, alpha=0.6)
         for j, m in p["margins_at_divergences"].items():
             j = int(j)
+            y = vals[j] if j < len(vals) else r["noise_tolerance"]
             real = j in p["real_positions"]
-            ax.scatter([j], [p["tf"]["dlogit"][j]], marker="x" if real else "o", s=40,
-                       color="red" if real else "orange", zorder=3)
-            ax.annotate(f"gap {m:.2g}", (j, p["tf"]["dlogit"][j]), fontsize=6)
+            ax.scatter([j], [y], marker="x" if real else "o", s=40, color="red" if real else "orange", zorder=3)
+            ax.annotate(f"gap {m:.2g}", (j, y), fontsize=6)
     ax.axhline(r["noise_tolerance"], color="gray", ls="--", lw=0.8,
                label="noise tolerance (bound on the reference's top-1/top-2 gap)")
     ax.set_yscale("log")
     ax.set_xlabel("generated position")
-    ax.set_ylabel("max |Δlogit| (teacher-forced)")
+    ax.set_ylabel(f"{measure} (teacher-forced)")
     ax.set_title(f"{r['engine']} ({r['dtype']}, fault={r['fault']}) vs reference on {r['model']}: "
                  f"{r['verdict']}\nx real mismatch, o benign divergence, label: reference top-1/top-2 gap",
                  fontsize=10)

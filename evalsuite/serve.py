@@ -10,8 +10,13 @@ Extensions to the OpenAI shapes (as vLLM's `return_token_ids`): every choice car
 it) and their `logprobs` carry `top_logprobs_by_id` ([[id, logprob], ...] per position), since the
 token-string keys of `top_logprobs` can collide.
 
-Logprobs: those of generated tokens come from the engine's decode path; echo's prompt logprobs from
-its teacher-forced score path (its prefill, as in vLLM). The first prompt token has none (null).
+Logprobs: those of generated tokens come from the engine's decode path, and so do echo's prompt
+logprobs by default (teacher-forced through decode steps, `decode_forced`), so that a check over
+the API exercises the path under test: a decode-only kernel bug shows in golden checks and
+loglikelihood scores. The extension field `echo_decode_from` (int, default 1) prefills the first
+positions instead (a client scoring a continuation sends the continuation's start). Each
+response says which path produced its echo logprobs (`evalsuite.echo_path`, `echo_decode_from`).
+The first prompt token has none (null).
 
 Concurrency: requests queue; one worker batches those that arrive within BATCH_WAIT_S and share
 (max_tokens, stop strings, logprobs k) into one engine call, and runs every engine call on one
@@ -120,13 +125,20 @@ class Server:
         return self.engine.generate(prompts, max_tokens, stop_ids=() if ignore_eos else self.tok.eos_ids,
                                     top_k=max(k, 1), stop_check=stop_check(self.tok, stops))
 
-    async def prompt_logprobs(self, ids: list[int], k: int):
-        """Per prompt position t >= 1: (logprob of ids[t], top-k [(id, logprob)]) from the score path."""
-        loop = asyncio.get_running_loop()
-        scored = await loop.run_in_executor(self.pool, self.engine.score, [ids[:-1]] if len(ids) > 1 else [ids])
+    async def prompt_logprobs(self, ids: list[int], k: int, decode_from: int = 1):
+        """Per prompt position t >= 1: (logprob of ids[t], top-k [(id, logprob)]). Positions after
+        decode_from come from the engine's decode path (teacher-forced decode steps); ids[1..decode_from]
+        from its prefill."""
         if len(ids) < 2:
             return []
-        lg = scored[0].logits.astype(np.float64)
+        s = min(max(1, decode_from), len(ids) - 1)
+        loop = asyncio.get_running_loop()
+        forced = await loop.run_in_executor(self.pool, self.engine.decode_forced, [ids[:s]], [ids[s:]])
+        rows = [forced[0]]
+        if s > 1:
+            scored = await loop.run_in_executor(self.pool, self.engine.score, [ids[:s - 1]])
+            rows.insert(0, scored[0].logits)
+        lg = np.concatenate(rows).astype(np.float64)
         z = lg - lg.max(axis=-1, keepdims=True)
         lp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
         out = []
@@ -286,6 +298,9 @@ def build_app(engine, model, served_name: str, info: dict | None = None):
         max_tokens, stops = srv.sampling(body, 16)
         prompts = srv.prompt_ids(body.get("prompt"))
         echo = bool(body.get("echo", False))
+        decode_from = body.get("echo_decode_from", 1)
+        if not isinstance(decode_from, int) or isinstance(decode_from, bool) or decode_from < 1:
+            raise APIError(400, "echo_decode_from must be an integer >= 1", param="echo_decode_from")
         k = body.get("logprobs")
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_LOGPROBS):
             raise APIError(400, f"logprobs must be an integer in [0, {MAX_LOGPROBS}]", param="logprobs")
@@ -306,7 +321,7 @@ def build_app(engine, model, served_name: str, info: dict | None = None):
                 toks, tlps, tops, by_id, offsets = [], [], [], [], []
                 pos = 0
                 if echo:
-                    pl = await srv.prompt_logprobs(ids, k)
+                    pl = await srv.prompt_logprobs(ids, k, decode_from)
                     for t, tid in enumerate(ids):
                         s = tok.decode([tid])
                         toks.append(s)
@@ -335,7 +350,9 @@ def build_app(engine, model, served_name: str, info: dict | None = None):
                             "prompt_token_ids": ids})
         n_prompt = sum(len(p) for p in prompts)
         return JSONResponse({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                             "model": srv.name, "choices": choices, "evalsuite": {"batch_rows": job.batched_with},
+                             "model": srv.name, "choices": choices,
+                             "evalsuite": {"batch_rows": job.batched_with, "echo_path": "decode" if echo else None,
+                                           "echo_decode_from": decode_from if echo else None},
                              "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen,
                                        "total_tokens": n_prompt + n_gen}})
 
@@ -412,7 +429,8 @@ def serve(engine_name: str, model_name: str, dtype: str, fault: str | None, host
         raise ModelError(f"model {model_name} has no tokenizer: the API needs one")
     engine = make_engine(engine_name, model, dtype, fault)
     name = served_name or model_name
-    info = {"engine": engine_name, "dtype": dtype, "fault": fault, "weights_sha256": model.weights.sha256}
+    info = {"engine": engine_name, "dtype": dtype, "fault": fault, "weights_sha256": model.weights.sha256,
+            "fingerprint": engine.fingerprint, "echo_path": "decode"}
     app = build_app(engine, model, name, info)
     print(f"serve: {engine_name} ({dtype}, fault={fault}) serving {name} on http://{host}:{port}/v1",
           file=sys.stderr, flush=True)

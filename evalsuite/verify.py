@@ -1,8 +1,9 @@
 """`evalsuite verify`: the whole gate on the defaults, one verdict, one report folder.
 
 golden check (the engine against the committed goldens), diff (token parity vs the reference),
-gsm8k and gpqa (paired accuracy verdicts). Overall: FAIL if any part fails; INCONCLUSIVE if none
-fails but a benchmark cannot yet show non-inferiority (too few items for the margin); else PASS.
+sanity, gsm8k and gpqa (paired accuracy verdicts). Overall (evalsuite.verdict.combine): FAIL if
+any part fails; INCONCLUSIVE if none fails but a part could not show its claim (too few items for
+the margin, a check not possible); else PASS. Every part's warnings reach the JSON and the report.
 """
 
 from __future__ import annotations
@@ -12,11 +13,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from evalsuite.report import diff_report, write_json
+from evalsuite.verdict import combine
 from evalsuite.versions import versions
 
 
+TASKS = ("sanity", "gsm8k", "gpqa")
+
+
 def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path,
-               progress: Callable[[str], None], remote=None) -> dict:
+               progress: Callable[[str], None], remote=None, tasks: tuple[str, ...] = TASKS,
+               data_dir: str | None = None, limit: int | None = None, prompts: str = "builtin") -> dict:
     from evalsuite import golden
     from evalsuite.bench.run import RunSpec, run_benchmark
     from evalsuite.compare.diff import DiffSpec, run_diff
@@ -27,23 +33,29 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
     if model in golden.DEFAULTS:
         progress(f"verify: golden check ({engine})")
         g = golden.check(model, engine, dtype, fault, remote=remote)
-        parts["golden"] = {"verdict": "PASS" if g.ok else "FAIL", "problems": g.problems, "summary": g.summary}
+        parts["golden"] = {"verdict": g.verdict, "problems": g.problems, "summary": g.summary,
+                           "warnings": g.not_checked}
     else:
         parts["golden"] = {"verdict": "SKIPPED", "problems": [f"no golden settings for {model}"]}
     progress("verify: diff")
-    d = run_diff(DiffSpec(engine=engine, model=model, dtype=dtype, fault=fault, remote=remote), progress)
+    d = run_diff(DiffSpec(engine=engine, model=model, dtype=dtype, fault=fault, remote=remote, prompts=prompts),
+                 progress)
     diff_report(d, out / "diff")
     parts["diff"] = {k: d[k] for k in ("verdict", "real_mismatches", "benign_divergences", "prompts",
                                        "prompts_identical", "noise_tolerance")}
-    for task in ("gsm8k", "gpqa"):
-        r = run_benchmark(RunSpec(task=task, engine=engine, model=model, dtype=dtype, fault=fault,
+    parts["diff"]["warnings"] = [f"not checked: {n}" for n in d["checks_not_possible"]]
+    for task in tasks:
+        r = run_benchmark(RunSpec(task=task, engine=engine, model=model, dtype=dtype, fault=fault, limit=limit,
+                                  data_dir=data_dir if task != "sanity" else None,
                                   output=str(out / task), remote=remote), progress)
         parts[task] = {"verdict": r["verdict"], "items": r["items"], "bundled_sample": r["dataset"]["bundled_sample"],
-                       "accuracy": {k: v["accuracy"] for k, v in r["engines"].items()}, "paired": r["paired"]}
-    verdicts = [p["verdict"] for p in parts.values() if p["verdict"] != "SKIPPED"]
-    overall = "FAIL" if "FAIL" in verdicts else "INCONCLUSIVE" if "INCONCLUSIVE" in verdicts else "PASS"
+                       "dataset": r["dataset"]["path"],
+                       "accuracy": {k: v["accuracy"] for k, v in r["engines"].items()}, "paired": r["paired"],
+                       "settle": r["settle"], "warnings": r["warnings"]}
+    overall = combine(p["verdict"] for p in parts.values())
+    warnings = [f"{name}: {w}" for name, p in parts.items() for w in p.get("warnings", [])]
     result = {"verdict": overall, "model": model, "engine": engine, "dtype": dtype, "fault": fault,
-              "base_url": remote.base_url if remote is not None else None, "parts": parts,
+              "base_url": remote.base_url if remote is not None else None, "parts": parts, "warnings": warnings,
               "versions": versions(), "seconds": round(time.time() - t0, 1)}
     write_json(out / "verify.json", result)
     lines = [f"# evalsuite verify: {engine} ({dtype}, fault={fault or 'none'}) on {model} — **{overall}**", "",
@@ -54,15 +66,20 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
                                                      else "; ".join(g["problems"])) + " |")
     lines.append(f"| diff | {d['verdict']} | {d['real_mismatches']} real, {d['benign_divergences']} benign, "
                  f"{d['prompts_identical']}/{d['prompts']} prompts identical (diff/report.md) |")
-    for task in ("gsm8k", "gpqa"):
+    for task in tasks:
         p = parts[task]
         acc = ", ".join(f"{k} {v:.3f}" for k, v in p["accuracy"].items())
-        sample = " (bundled sample)" if p["bundled_sample"] else ""
-        lines.append(f"| {task} | {p['verdict']} | {p['items']} items{sample}"
-                     f": {acc}; b={p['paired']['b']} c={p['paired']['c']}, diff CI "
-                     f"[{p['paired']['diff_ci'][0]:+.3f}, {p['paired']['diff_ci'][1]:+.3f}] |")
-    if overall == "INCONCLUSIVE":
-        lines += ["", "INCONCLUSIVE: no part failed, but a benchmark has too few items to show the accuracy "
-                      "loss is within the margin (with nothing discordant, n items bound a loss only to 3/n)."]
+        sample = " (bundled sample)" if p["bundled_sample"] else f" ({p['dataset']})"
+        lines.append(f"| {task} | {p['verdict']} | {p['items']} items{sample}: {acc}; b={p['paired']['b']} "
+                     f"c={p['paired']['c']}, loss <= {p['paired']['loss_upper']:.3f} at 97.5% |")
+    if overall != "PASS":
+        lines += ["", f"**Why {overall}:**"]
+        for name, p in parts.items():
+            if p["verdict"] in ("FAIL", "INCONCLUSIVE"):
+                why = p["paired"]["explanation"] if "paired" in p else "; ".join(p.get("problems") or []) or \
+                    "; ".join(p.get("warnings") or []) or "see its section"
+                lines.append(f"- {name}: {why}" + (f". To settle it: {p['settle']}" if p.get("settle") else ""))
+    if warnings:
+        lines += ["", "**Warnings:**", *[f"- {w}" for w in warnings]]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     return result

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
-from engines.base import DTYPES, Generation, Scored, next_pow2
+from engines.base import DTYPES, Generation, Scored, next_pow2, source_fingerprint
 from engines.errors import ModelError
 from engines.loop import MIN_PREFILL_BUCKET, check_prompts, forced_all, greedy_all
 from engines.megakernel import ops
@@ -131,6 +131,16 @@ class MegakernelEngine:
         return (*self._pick(self._logits(w, x), k, want_logits), kc, vc, taps)
 
     # ---- the protocol --------------------------------------------------------------------------
+    @property
+    def fingerprint(self) -> str:
+        """Source, jax versions and static spec (engines.base.source_fingerprint)."""
+        from pathlib import Path
+
+        return source_fingerprint(Path(__file__).parent, {
+            "engine": self.name, "dtype": self.dtype, "fault": self.fault, "fault_layer": self.fault_layer,
+            "n_buffers": self.n_buffers, "interpret": str(self.interpret), "attn_tile": ATTN_TILE,
+            "max_batch": MAX_BATCH, "weights": self.weights_sha256})
+
     def _check(self, prompts, max_new):
         check_prompts(prompts, self.config.vocab_size, self.config.max_context, max_new)
 

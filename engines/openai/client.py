@@ -37,6 +37,7 @@ from engines.errors import ModelError
 MAX_ATTEMPTS = 4  # first try + 3 retries
 BACKOFF_S = (0.25, 0.5, 1.0)  # waits between attempts (bounded: 1.75 s in all)
 TIMEOUT_S = 300.0  # one request; a batch of 16 prompts x 256 tokens on a CPU server can take minutes
+CANARY_PROMPT = "evalsuite canary: one, two, three,"  # greedy ids + logprobs of it identify a served engine
 ROWS_PER_REQUEST = 16  # prompts per /v1/completions call
 CONCURRENT_REQUESTS = 4  # in flight at once (the server batches what arrives together)
 
@@ -67,8 +68,18 @@ class OpenAIEngine:
                 raise ModelError(f"--api-key-env {remote.api_key_env}: that environment variable is not set")
         self.weights_sha256 = None
         self.notes: list[str] = []
+        self.echo_not_checked: list[str] = []
+        self.echo_path: str | None = None
+        self.identity: dict = {}
+        self.canary: dict = {}
         self._tok_cache: dict[str, list[int]] = {}
         self.model_id, self.server_info, self.capabilities = self._probe()
+        reported = (self.server_info.get("evalsuite") or {}).get("dtype") if isinstance(
+            self.server_info.get("evalsuite"), dict) else None
+        if reported is not None and reported != dtype:
+            raise ModelError(f"--dtype {dtype} contradicts the server, which reports dtype {reported}")
+        if reported is None and dtype != "float32":
+            self.notes.append(f"dtype {dtype} is the user's claim: the server reports none")
 
     # ---- HTTP ------------------------------------------------------------------------------------
     def _request(self, method: str, url: str, body: dict | None = None, check=None) -> dict:
@@ -151,6 +162,12 @@ class OpenAIEngine:
                 caps.add("echo_logprobs")
             else:
                 self.notes.append("echo returns no prompt logprobs: loglikelihood tasks impossible")
+        ext = r.get("evalsuite") if isinstance(r.get("evalsuite"), dict) else {}
+        self.echo_path = ext.get("echo_path") if "echo_logprobs" in caps else None
+        if "echo_logprobs" in caps and self.echo_path != "decode":
+            self.echo_not_checked.append(
+                "decode path: the server does not say that its echo (prompt) logprobs come from its decode "
+                "path, so golden checks and loglikelihood scores over it may never exercise the decode kernel")
         if isinstance(ch.get("token_ids"), list):
             caps.add("token_ids")
         else:
@@ -160,11 +177,32 @@ class OpenAIEngine:
             caps.add("gen_logprobs")
         else:
             self.notes.append("no logprobs for generated tokens: only the tokens are compared")
+        self.identity = {k: info.get(k) for k in ("id", "root", "owned_by", "created", "max_model_len", "evalsuite")}
+        # the canary: greedy ids and logprobs of a fixed prompt, taken now; any change of the served
+        # engine behind the same URL changes it, so journals never reuse another engine's answers
+        canary = self._completion(self.tok.encode(CANARY_PROMPT) if self.tok else [1, 2, 3], 8, logprobs=1,
+                                  echo=False, allow_reject=True)
+        cch = (canary or {}).get("choices", [{}])[0]
+        self.canary = {"text": cch.get("text"), "token_ids": cch.get("token_ids"),
+                       "logprobs": [None if x is None else round(float(x), 4)
+                                    for x in ((cch.get("logprobs") or {}).get("token_logprobs") or [])]}
         return want, info, frozenset(caps)
 
-    def _completion(self, prompt, max_tokens, logprobs, echo, ignore_eos=False, stop=(), allow_reject=False):
+    @property
+    def fingerprint(self) -> str:
+        """The server's reported identity and the canary taken at start (see _probe)."""
+        import hashlib
+
+        blob = json.dumps({"base": self.base, "identity": self.identity, "canary": self.canary,
+                           "dtype": self.dtype}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def _completion(self, prompt, max_tokens, logprobs, echo, ignore_eos=False, stop=(), allow_reject=False,
+                    decode_from: int | None = None):
         body = {"model": self.model_id, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                 "echo": echo}
+        if decode_from is not None and decode_from >= 1:  # evalsuite serve's extension (see serve.py)
+            body["echo_decode_from"] = decode_from
         if logprobs is not None:
             body["logprobs"] = logprobs
         if ignore_eos:
@@ -286,7 +324,7 @@ class OpenAIEngine:
         out = []
         for p, x in zip(prompts, continuations):
             seq = list(map(int, p)) + list(map(int, x))
-            r = self._completion(seq, 1, k, True)
+            r = self._completion(seq, 1, k, True, decode_from=len(p) - 1 if self.echo_path == "decode" else None)
             lp = r["choices"][0].get("logprobs") or {}
             tl = lp.get("token_logprobs") or []
             if len(tl) < len(seq):

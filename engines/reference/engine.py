@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from engines.base import DTYPES, Generation, Scored, next_pow2
+from engines.base import DTYPES, Generation, Scored, next_pow2, source_fingerprint
 from engines.errors import ModelError
 from engines.loop import MIN_PREFILL_BUCKET, check_prompts, forced_all, greedy_all
 from engines.reference import model
@@ -103,6 +103,15 @@ class ReferenceEngine:
     def _decode_impl(cls, c, p, tokens, positions, kc, vc, k, want_logits):
         logits, kc, vc, _ = model.forward(p, c, tokens[:, None], positions[:, None], kc, vc)
         return (*cls._pick(logits[:, 0], k, want_logits), kc, vc)
+
+    @property
+    def fingerprint(self) -> str:
+        """Source, jax versions and static spec (engines.base.source_fingerprint)."""
+        from pathlib import Path
+
+        return source_fingerprint(Path(__file__).parent, {
+            "engine": self.name, "dtype": self.dtype, "max_batch": MAX_BATCH, "share_prefix": self.share_prefix,
+            "weights": self.weights_sha256})
 
     # ---- the protocol --------------------------------------------------------------------------
     def score(self, seqs: Sequence[Sequence[int]], want_taps: bool = False) -> list[Scored]:

@@ -28,7 +28,9 @@ DEFAULT_MAX_GEN_TOKS = 256
 DEFAULT_MAX_LENGTH = 2048
 # Part of every journal key: bump it when a cached result's meaning changes, so old journals are
 # not reused. 2: loglikelihood scored the continuation shifted by one before (fixed 2026-11-30).
-ADAPTER_VERSION = 2
+# 3: keys hold the engine's fingerprint (its source, jax versions and static spec; for a server,
+# its reported identity and a canary), so a changed engine never reuses answers.
+ADAPTER_VERSION = 3
 GEN_BATCH = 8  # requests per generate call when the engine states no max_batch of its own
 
 
@@ -60,7 +62,7 @@ class EngineLM(TemplateLM):
         self.gen_batch = int(batch_size) if str(batch_size).isdigit() and int(batch_size) > 0 else default
         self.identity = {"engine": self.engine_name, "model": model, "weights_sha256": self.model.weights.sha256,
                          "dtype": dtype, "fault": fault or None, "max_length": self.max_length,
-                         "adapter_version": ADAPTER_VERSION}
+                         "adapter_version": ADAPTER_VERSION, "engine_fingerprint": self.engine.fingerprint}
         if remote is not None:  # the server is part of the identity (never the API key)
             self.identity.update(base_url=remote.base_url, served_model=self.engine.model_id)
         if journal:
