@@ -6,13 +6,17 @@ The floors are measured on the REFERENCE only (its score path against its decode
 its bf16 recipe against its float32), then the megakernel (faithful and with bf16_residual) is
 measured for information, never to set a bound. About 6 minutes on the builtin set, 2 cores.
 """
-import time, json, sys
+import sys
+import time
+
 import numpy as np
-from evalsuite.registry import load_model
-from evalsuite.prompts import load_prompts
-from evalsuite.compare import metrics
-from engines.reference import ReferenceEngine
+
 from engines.megakernel import MegakernelEngine
+from engines.reference import ReferenceEngine
+from evalsuite.compare import metrics
+from evalsuite.prompts import load_prompts
+from evalsuite.registry import load_model
+
 pset = sys.argv[1] if len(sys.argv) > 1 else "quick"
 N = 32
 m = load_model("smollm2-135m")
@@ -24,8 +28,10 @@ toks = [g.token_ids for g in gen]
 L32 = np.concatenate([g.logits for g in gen])
 print("ref gen", time.time()-t, flush=True)
 def stats(name, A, B):
-    d = np.abs(A-B).max(-1); kl = metrics.kl(A, B)
-    print(f"{name:40s} max|dl| {d.max():.3e} p99 {np.percentile(d,99):.3e} mean {d.mean():.3e}  KLmax {kl.max():.3e} KLp99 {np.percentile(kl,99):.3e} KLmean {kl.mean():.3e}", flush=True)
+    d = np.abs(A - B).max(-1)
+    kl = metrics.kl(A, B)
+    print(f"{name:40s} max|dl| {d.max():.3e} p99 {np.percentile(d, 99):.3e} mean {d.mean():.3e}  "
+          f"KLmax {kl.max():.3e} KLp99 {np.percentile(kl, 99):.3e} KLmean {kl.mean():.3e}", flush=True)
     return d, kl
 # f32 floor: score path vs generate path
 sc = np.concatenate([r32.score([p + t[:-1]])[0].logits[len(p)-1:] for p, t in zip(ps, toks)])

@@ -54,6 +54,9 @@ class Group(click.Group):
 @click.version_option(package_name="evalsuite")
 def main() -> None:
     """evalsuite: does a fused inference engine lose accuracy against an independent reference?"""
+    from evalsuite.jaxcache import enable
+
+    enable()
 
 
 @main.command()
@@ -195,7 +198,7 @@ def golden_update(models_) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @remote_options
 def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model, api_key_env, api_timeout) -> None:
-    """Compare an engine with the golden files. Exit 0 when all pass, 1 otherwise."""
+    """Compare an engine with the golden files. Exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE (not checked)."""
     from evalsuite import golden as g
 
     results = {}
@@ -203,20 +206,25 @@ def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model,
     for m in models_ or tuple(g.DEFAULTS):
         _progress(f"golden: checking {engine} on {m}")
         results[m] = g.check(m, engine, dtype, fault, remote=remote)
-    ok = all(r.ok for r in results.values())
+    from evalsuite.verdict import combine
+
+    verdict = combine(r.verdict for r in results.values())
     if as_json:
-        click.echo(json.dumps({"verdict": "PASS" if ok else "FAIL", "models": {
-            m: {"ok": r.ok, "problems": r.problems, "summary": r.summary} for m, r in results.items()}}))
+        click.echo(json.dumps({"verdict": verdict, "models": {
+            m: {"verdict": r.verdict, "ok": r.ok, "problems": r.problems, "summary": r.summary,
+                "not_checked": r.not_checked} for m, r in results.items()}}))
     else:
         for m, r in results.items():
             s = r.summary
             figures = (f" ({s['positions']} positions, max |Δlogprob| {s['max_dlogprob']:.2e})" if s else "")
-            click.echo(f"{'PASS' if r.ok else 'FAIL'} {m}{figures}")
+            click.echo(f"{r.verdict} {m}{figures}")
             for p in r.problems:
                 click.echo(f"  {p}")
+            for n in r.not_checked:
+                click.echo(f"  not checked: {n}")
             if s and s.get("note"):
                 click.echo(f"  note: {s['note']}")
-    sys.exit(0 if ok else 1)
+    sys.exit(exit_code(verdict))
 
 
 @main.command("run")
@@ -298,16 +306,27 @@ def lm_eval_cmd(args) -> None:
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
 @click.option("--fault", default=None, help="Megakernel fault injection (self-test aid).")
 @click.option("--output", default="reports/verify", show_default=True)
+@click.option("--tasks", default="sanity,gsm8k,gpqa", show_default=True, help="Benchmarks to run (comma-separated).")
+@click.option("--data-dir", default=None, help="Real gsm8k/gpqa data (hub schema) instead of the bundled samples.")
+@click.option("--limit", default=None, type=click.IntRange(1, None), help="First N items of each benchmark only.")
+@click.option("--prompts", default="builtin", show_default=True, help="diff's prompt set.")
 @click.option("--json", "as_json", is_flag=True)
 @remote_options
-def verify(model, engine, dtype, fault, output, as_json, base_url, served_model, api_key_env, api_timeout) -> None:
+def verify(model, engine, dtype, fault, output, tasks, data_dir, limit, prompts, as_json, base_url, served_model,
+           api_key_env, api_timeout) -> None:
     """The whole gate: golden check, diff, gsm8k, gpqa. Exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE."""
     from pathlib import Path
 
+    from evalsuite.bench.run import VARIANTS
     from evalsuite.verify import run_verify
 
+    names = tuple(t.strip() for t in tasks.split(",") if t.strip())
+    bad = [t for t in names if t not in VARIANTS]
+    if bad or not names:
+        raise SpecError(f"--tasks {tasks!r}: unknown {bad or 'empty'}; expected some of {', '.join(VARIANTS)}")
     r = run_verify(model, engine, dtype, fault, Path(output), _progress,
-                   _remote(base_url, served_model, api_key_env, api_timeout))
+                   _remote(base_url, served_model, api_key_env, api_timeout), tasks=names, data_dir=data_dir,
+                   limit=limit, prompts=prompts)
     if as_json:
         click.echo(json.dumps(r))
     else:

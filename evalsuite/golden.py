@@ -154,13 +154,14 @@ def check(model_name: str, engine_name: str = "reference", dtype: str = "float32
         dlp.extend(d.tolist())
         total += len(d)
         for j, (tok, arg) in enumerate(zip(ent["token_ids"], e_ids[:, 0] if api else lp.argmax(-1))):
-            # benign only when the engine's token is itself within the noise tolerance of the golden
-            # top-1 (a token outside the golden top-k is at least the k-th gap away: not benign
-            # unless even that is within tolerance) and the position's logprobs are within bounds
-            row = list(top_ids[j])
-            gap = gold_lp[j, 0] - (gold_lp[j, row.index(int(arg))] if int(arg) in row else gold_lp[j, -1])
+            # a flip is benign only when both the pinned token and the engine's are in the golden
+            # top-k, the engine's within the noise tolerance of the pinned one, and the position's
+            # logprobs within bounds
+            row = [int(x) for x in top_ids[j]]
             within = d[j] <= LOGPROB_TOL[dtype]
-            if arg != tok and int(arg) in row and gap < tol and within:
+            near = (int(arg) in row and int(tok) in row
+                    and gold_lp[j, row.index(int(tok))] - gold_lp[j, row.index(int(arg))] < tol)
+            if arg != tok and near and within:
                 benign += 1
             elif arg != tok or not within:
                 mismatches.append((i, j))
@@ -169,7 +170,8 @@ def check(model_name: str, engine_name: str = "reference", dtype: str = "float32
                "max_dlogprob": float(np.max(dlp)), "mean_dlogprob": float(np.mean(dlp)),
                "engine": engine_name, "dtype": dtype, "fault": fault, "golden": str(path),
                "note": ("over an API: the golden token's logprob and the engine's top-1 compared (echo prompt "
-                        "logprobs, the server's prefill path); other top-5 logprobs not available") if api else None}
+                        f"logprobs, from the server's {getattr(eng, 'echo_path', None) or 'unstated'} path); other "
+                        "top-5 logprobs not available") if api else None}
     if mismatches:
         where = ", ".join(f"{i}@{j}" for i, j in mismatches[:5]) + (" ..." if len(mismatches) > 5 else "")
         problems.append(f"{len(mismatches)}/{total} positions ({100 * len(mismatches) / total:.2f}%) mismatch "

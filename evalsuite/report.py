@@ -72,7 +72,7 @@ def diff_report(result: dict, out: Path) -> list[Path]:
                  if f else ["-", "", "", "", "", ""])
         lines.append(f"| {p['id']} | {p['kind']} | " + " | ".join(c.replace("|", "\\|") for c in cells)
                      + f" | {len(p['real_positions'])} | {len(p['benign_positions'])} | "
-                       f"{_num(p['tf']['max_dlogit'] if p['tf']['max_dlogit'] is not None else p['tf']['max_dlogprob'])} |")
+                       f"{_num(_first(p['tf']['max_dlogit'], p['tf']['max_dlogprob']))} |")
     md = out / "report.md"
     md.write_text("\n".join(lines) + "\n")
     return [md, out / "results.json", png]
@@ -84,7 +84,12 @@ def _drift_text(d: dict | None) -> str:
     if not d.get("checked"):
         return d.get("why", "not checked")
     return (f"mean {d['engine_mean']:.3g} vs the reference's bf16 recipe {d['recipe_mean']:.3g} on the same "
-            f"{d['positions']} positions: ratio {d['ratio']:.2f} (bound {d['bound']}) {'ok' if d['ok'] else 'EXCEEDED'}")
+            f"{d['positions']} positions: ratio {d['ratio']:.2f} (bound {d['bound']}) "
+            f"{'ok' if d['ok'] else 'EXCEEDED'}")
+
+
+def _first(*xs):
+    return next((x for x in xs if x is not None), None)
 
 
 def _num(x) -> str:

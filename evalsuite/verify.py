@@ -16,7 +16,6 @@ from evalsuite.report import diff_report, write_json
 from evalsuite.verdict import combine
 from evalsuite.versions import versions
 
-
 TASKS = ("sanity", "gsm8k", "gpqa")
 
 

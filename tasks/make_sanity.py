@@ -7,8 +7,8 @@ breaks the engine cannot cost accuracy there and `run` could never show a FAIL. 
 faithful model is accurate (measured in the README), so a broken engine loses items and the paired
 verdict FAILs; and with 240 items a faithful engine can reach PASS (>= 183 needed at margin 0.02).
 Kinds: the next three numbers of a run counting by 1, 2 or 10, the next three weekdays, a repeated
-word three more times (each answer spans several decode steps, so a decode bug can change it). Each item also has 4 choices (the answer and 3 of its kind) for the
-loglikelihood variant.
+word three more times (each answer spans several decode steps, so a decode bug can change it).
+Each item also has 4 choices (the answer and 3 runs of its kind) for the loglikelihood variant.
 """
 
 from __future__ import annotations

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
+
+# One JAX persistent compilation cache for the whole test session, in-process and in the CLI
+# subprocesses the tests start (they inherit the environment): the same programs compile once.
+# A fresh folder per session, so no run depends on another's leftovers.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="evalsuite-jaxcache-"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
 def pytest_addoption(parser):

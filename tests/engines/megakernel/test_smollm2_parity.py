@@ -48,6 +48,7 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
+@pytest.mark.heavy
 def test_bf16_report(smollm2, smollm2_ref, prompts):
     """bf16 kernel vs the f32 reference: how many prompts stay identical, where the rest diverge.
     A report, not a bound: near-tie divergence is expected in bf16 and is judged by `diff` (issue 4).

@@ -43,7 +43,7 @@ def test_retries_then_succeeds(mini_llama):
     with Fake("flaky", fail_first=2) as f:
         e = _engine(f, mini_llama)  # the probe itself succeeds after two 500s
         assert e.model_id == "fake-model"
-        assert f.completions == 3
+        assert f.completions == 4  # two 500s, the echo probe, then the canary (fingerprint)
 
 
 @pytest.mark.parametrize("mode", ["http500", "malformed", "partial"])
