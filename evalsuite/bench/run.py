@@ -247,7 +247,12 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
             raise SpecError(f"{probe.base}: the server returns no prompt logprobs (echo), so {spec.task}/{variant} "
                             "(scored by loglikelihood) is impossible over it"
                             + ("; --variant cot is generative" if spec.task == "gpqa" else ""))
-        api_notes = {"capabilities": sorted(probe.capabilities), "notes": probe.notes}
+        api_notes = {"capabilities": sorted(probe.capabilities), "notes": probe.notes, "echo_path": probe.echo_path,
+                     "not_checked": []}
+        if VARIANTS[spec.task][variant][3] == "acc" and probe.echo_path != "decode":
+            api_notes["not_checked"].append(
+                "decode path: the server does not say that its echo logprobs come from its decode path, so "
+                "these loglikelihood scores may never exercise the decode kernel")
     engines = {}
     engines[spec.against] = _run_engine(spec, spec.against, "float32", None, tasks_dir, out, progress)
     engines[spec.engine if spec.engine != spec.against else spec.engine + "-under-test"] = _run_engine(
@@ -261,8 +266,13 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     same_resp = float(np.mean([x["extracted"] == y["extracted"] and (x["generated_tokens"] is None
                                                                       or x["response"] == y["response"])
                                for x, y in zip(a["records"], b["records"])]))
+    verdict = v.verdict
+    not_checked = (api_notes or {}).get("not_checked", [])
+    if verdict == "PASS" and not_checked:
+        verdict = "INCONCLUSIVE"  # nothing unshown may contribute to a PASS
     result = {
-        "verdict": v.verdict, "task": spec.task, "variant": spec.variant or DEFAULT_VARIANT[spec.task],
+        "verdict": verdict, "not_checked": not_checked, "task": spec.task,
+        "variant": spec.variant or DEFAULT_VARIANT[spec.task],
         "dataset": {"path": str(data), "bundled_sample": bundled, "items_in_file": n_items,
                     "sha256": _file_sha256(data),
                     "note": "BUNDLED SAMPLE written for evalsuite, not the real benchmark" if bundled
@@ -279,11 +289,14 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
                    "rule_of_three_upper": v.rule_of_three_upper, "explanation": v.explain(),
                    "meaning": f"b = {ka} right and {kb} wrong; c = {ka} wrong and {kb} right; diff = "
                               f"accuracy({kb}) - accuracy({ka})"},
-        "warnings": ([f"responses differ on {round((1 - same_resp) * len(ids))} of {len(ids)} items although greedy "
-                      "decoding of the same prompts should match: run `evalsuite diff` to localise it"]
-                     if same_resp < 1 else []),
+        "warnings": [f"not checked: {n}" for n in not_checked] + (
+            [f"responses differ on {round((1 - same_resp) * len(ids))} of {len(ids)} items although greedy "
+             "decoding of the same prompts should match: run `evalsuite diff` to localise it"]
+            if same_resp < 1 else []),
         "verdict_rule": v.rule,
-        "settle": _settle(spec, v, bundled, n_items),
+        "settle": _settle(spec, v, bundled, n_items) if verdict == v.verdict else
+        ("a server that states its echo logprobs come from its decode path (evalsuite serve does), "
+         "or a generative variant"),
         "spec": asdict(spec), "seed": spec.seed, "versions": versions(), "seconds": round(time.time() - t0, 1),
     }
     write_json(out / "comparison.json", result)
