@@ -219,11 +219,11 @@ def _settle(spec: RunSpec, v: stats.PairedVerdict, bundled: bool, n_items: int) 
     if v.verdict != "INCONCLUSIVE":
         return None
     need = v.items_needed
+    if spec.limit is not None and spec.limit < n_items and n_items >= need:
+        return f"drop --limit (or raise it to >= {need}; the file holds {n_items} items)"
     if bundled:
         return (f"the bundled sample holds {n_items} items and PASS needs >= {need}: run on the full set, "
                 f"`evalsuite run {spec.task} --data-dir DIR` (DIR holding the real {spec.task} files)")
-    if spec.limit is not None and spec.limit < n_items:
-        return f"drop --limit (or raise it to >= {need}; the file holds {n_items} items)"
     return f"the data holds {n_items} items and PASS needs >= {need} with b={v.b}: a larger set, or a wider --margin"
 
 

@@ -42,8 +42,6 @@ INVARIANCE_BATCH = 4
 API_NOT_POSSIBLE = ("full-vocabulary logits: |Δlogit|, KL and top-5 overlap (an API returns top-k logprobs only; "
                     "|Δlogprob| of the reference's token is compared instead)",
                     "per-layer bisection (an API exposes no taps)")
-# kept for importers: the near-tie tolerance of the one rule (evalsuite/compare/rule.py)
-NOISE_TOL = rule.NOISE_TOL
 
 
 @dataclass(frozen=True)
