@@ -51,6 +51,11 @@ class Generation:
     top_logprobs: np.ndarray
     finish_reason: str  # "stop" or "length"
     logits: np.ndarray | None = None
+    # An HTTP engine whose server returns no token ids rebuilds them from text; where that text is not
+    # valid UTF-8 (a byte-level token cut mid-character) the rebuilt ids are not the engine's: then
+    # ids_exact is False and `text` is what the server returned, to be compared as text.
+    ids_exact: bool = True
+    text: str | None = None
 
 
 @runtime_checkable

@@ -36,3 +36,20 @@ def make_engine(name: str, model: Model, dtype: str = "float32", fault: str | No
     close = difflib.get_close_matches(name, ENGINES, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise ModelError(f"unknown engine {name!r}{hint} (expected one of {', '.join(ENGINES)})")
+
+
+def capability_report(eng) -> dict:
+    """What the engine can do, for result files: an API engine's probe findings (ok + detail each),
+    or the in-process engine's declared capabilities."""
+    if eng.name == "openai":
+        return eng.capability_report()
+    return {c: {"ok": True, "detail": "declared by the in-process engine"} for c in sorted(eng.capabilities)}
+
+
+def not_checked(eng, uses_echo: bool) -> list[str]:
+    """What could not be shown about this engine and so blocks a PASS: for a server, prompt
+    tokenization it could not confirm, and (where echo logprobs are used) an echo path it does not
+    state or whose consistency could not be measured. In-process engines: nothing."""
+    if eng.name != "openai":
+        return []
+    return list(eng.prompt_not_checked) + (list(eng.echo_not_checked) if uses_echo else [])

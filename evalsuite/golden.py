@@ -18,6 +18,8 @@ import numpy as np
 
 from evalsuite.compare import metrics
 from evalsuite.compare.rule import LOGPROB_TOL, NOISE_TOL
+from evalsuite.engines import capability_report
+from evalsuite.engines import not_checked as engine_not_checked
 from evalsuite.errors import SpecError
 from evalsuite.prompts import load_prompts
 from evalsuite.registry import load_model
@@ -177,5 +179,6 @@ def check(model_name: str, engine_name: str = "reference", dtype: str = "float32
         problems.append(f"{len(mismatches)}/{total} positions ({100 * len(mismatches) / total:.2f}%) mismatch "
                         f"the golden file ({where}); max |Δlogprob| {summary['max_dlogprob']:.3g}, mean "
                         f"{summary['mean_dlogprob']:.3g}. If the reference changed on purpose, {regen}")
-    not_checked = list(getattr(eng, "echo_not_checked", []) or []) if api else []
+    not_checked = engine_not_checked(eng, uses_echo=True)
+    summary["engine_capabilities"] = capability_report(eng)
     return CheckResult(not problems, problems, summary, not_checked)

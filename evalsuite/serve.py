@@ -44,6 +44,7 @@ MAX_TOKENS = 2048  # per request, and prompt + max_tokens must fit the model's c
 MAX_PROMPTS = 64  # prompts in one /v1/completions request (lm-eval batches several)
 MAX_LOGPROBS = 20  # as OpenAI's top_logprobs bound
 MAX_QUEUE = 256  # waiting jobs beyond this get 503 (retry later) instead of unbounded memory
+NEUTRAL_PENALTIES = {"frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1, "repeat_penalty": 1}
 BATCH_WAIT_S = 0.01  # how long the worker waits for more requests to batch with the first
 
 
@@ -165,6 +166,11 @@ class Server:
                            param="temperature")
         if body.get("n", 1) != 1:
             raise APIError(400, "n must be 1 (greedy decoding gives one answer)", param="n")
+        for name, neutral in NEUTRAL_PENALTIES.items():  # accepted only where they change nothing
+            v = body.get(name)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v != neutral):
+                raise APIError(400, f"{name} {v!r}: this server decodes greedily only ({name} must be {neutral})",
+                               param=name)
         mt = body.get("max_tokens", body.get("max_completion_tokens", default_max))
         if mt is None:
             mt = default_max

@@ -1,29 +1,32 @@
 """OpenAIEngine: greedy generation and prompt logprobs over an OpenAI-compatible API.
 
-What such a server can give is probed at construction and declared in `capabilities`:
-  "generate"       always (POST /v1/completions with token-id prompts, temperature 0)
-  "token_ids"      the server returns generated token ids (vLLM's `token_ids` extension); without
-                   them the text is re-tokenized locally, which `diff` reports
+What the server can do is discovered at construction (engines/openai/probe.py) and reported in
+`findings` (every result file carries them as `engine_capabilities`); `capabilities` holds the
+names of what is usable:
+  "generate"       always (POST /v1/completions, temperature 0, penalties pinned neutral)
+  "token_ids"      the server returns generated token ids; without them they are rebuilt from the
+                   logprob token strings or the text (said in `notes`)
   "gen_logprobs"   logprobs of generated tokens (top-k) are returned
-  "echo_logprobs"  echo=True returns prompt logprobs: teacher-forced scoring (`forced_topk`), so
-                   loglikelihood tasks and `golden check` work; without it they are refused
-  "tokenize"       POST /tokenize exists (else the local tokenizer of --model is used)
-  "stop_strings"   generate(..., stop_strings=...) stops on the server (OpenAI's `stop`)
-It never provides full-vocabulary logits ("logits") or per-layer taps ("taps").
+  "echo_logprobs"  echo=True returns prompt logprobs AND they are shown aligned with the decode
+                   path's (teacher-forced scoring, `forced_topk`: loglikelihood tasks, golden
+                   checks); absent, misaligned or unverifiable echo is refused in one line naming why
+  "tokenize"       a tokenize endpoint exists (one of the known paths)
+  "stop_strings"   the server honours stop strings (else the client cuts at them)
+  "chat"           POST /v1/chat/completions answers
+Prompts go as token-id lists where the server accepts them, else as text whose tokenization is
+checked per prompt through the tokenize endpoint; without one, `prompt_not_checked` says so and
+no verdict over this engine can PASS. It never provides full-vocabulary logits or taps.
 
-Retries: 5xx, timeouts, refused connections and malformed or partial bodies are retried
-MAX_ATTEMPTS times with bounded exponential backoff, then fail with one line naming the endpoint.
-A 4xx is not retried. The API key is read from the named environment variable and sent as a
-bearer token; it is never printed, logged or put in an error message.
+Requests: engines/openai/http.py (4xx and validation errors are not retried; 5xx, timeouts,
+resets and malformed bodies are, with bounded backoff). The API key is read from the named
+environment variable and sent as a bearer token; it is never printed, logged or put in an error.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,12 +36,12 @@ import numpy as np
 from engines.base import Generation
 from engines.config import Config
 from engines.errors import ModelError
+from engines.openai import http, probe
+from engines.openai.http import BACKOFF_S, MAX_ATTEMPTS  # noqa: F401  (re-exported for callers and tests)
+from engines.openai.probe import CANARY_PROMPT  # noqa: F401
 
-MAX_ATTEMPTS = 4  # first try + 3 retries
-BACKOFF_S = (0.25, 0.5, 1.0)  # waits between attempts (bounded: 1.75 s in all)
 TIMEOUT_S = 300.0  # one request; a batch of 16 prompts x 256 tokens on a CPU server can take minutes
-CANARY_PROMPT = "evalsuite canary: one, two, three,"  # greedy ids + logprobs of it identify a served engine
-ROWS_PER_REQUEST = 16  # prompts per /v1/completions call
+ROWS_PER_REQUEST = 16  # prompts per /v1/completions call (where the server takes several)
 CONCURRENT_REQUESTS = 4  # in flight at once (the server batches what arrives together)
 
 
@@ -68,12 +71,21 @@ class OpenAIEngine:
                 raise ModelError(f"--api-key-env {remote.api_key_env}: that environment variable is not set")
         self.weights_sha256 = None
         self.notes: list[str] = []
-        self.echo_not_checked: list[str] = []
+        self.echo_not_checked: list[str] = []  # blocks a PASS of checks that use echo logprobs
+        self.prompt_not_checked: list[str] = []  # blocks a PASS of every check over this engine
         self.echo_path: str | None = None
+        self.echo_misaligned = False
+        self.token_prompts = True
+        self.batched = True
+        self.ignore_eos = True
+        self.sampling: dict = {}
+        self.max_context: int | None = None
+        self.tokenize_route = None
         self.identity: dict = {}
         self.canary: dict = {}
         self._tok_cache: dict[str, list[int]] = {}
-        self.model_id, self.server_info, self.capabilities = self._probe()
+        self.model_id, self.server_info, self.findings = self._probe()
+        self.capabilities = frozenset(self._capabilities())
         reported = (self.server_info.get("evalsuite") or {}).get("dtype") if isinstance(
             self.server_info.get("evalsuite"), dict) else None
         if reported is not None and reported != dtype:
@@ -82,41 +94,13 @@ class OpenAIEngine:
             self.notes.append(f"dtype {dtype} is the user's claim: the server reports none")
 
     # ---- HTTP ------------------------------------------------------------------------------------
-    def _request(self, method: str, url: str, body: dict | None = None, check=None) -> dict:
-        """JSON request with retries. check(resp) raises ValueError for a malformed body."""
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self._key:
-            headers["Authorization"] = f"Bearer {self._key}"
-        last = "no attempt"
-        for attempt in range(MAX_ATTEMPTS):
-            if attempt:
-                time.sleep(BACKOFF_S[min(attempt - 1, len(BACKOFF_S) - 1)])
-            req = urllib.request.Request(url, data=data, headers=headers, method=method)
-            try:
-                with urllib.request.urlopen(req, timeout=self.remote.timeout_s) as r:
-                    raw = r.read()
-            except urllib.error.HTTPError as e:
-                msg = _error_message(e)
-                if 400 <= e.code < 500:
-                    raise ModelError(f"{method} {url}: HTTP {e.code}: {msg}") from None
-                last = f"HTTP {e.code}: {msg}"
-                continue
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
-                reason = getattr(e, "reason", e)
-                last = f"no reply ({type(reason).__name__}: {reason})"
-                continue
-            try:
-                out = json.loads(raw)
-                if not isinstance(out, dict):
-                    raise ValueError("not a JSON object")
-                if check:
-                    check(out)
-                return out
-            except (ValueError, KeyError, TypeError, IndexError) as e:
-                last = f"malformed response ({e})"
-                continue
-        raise ModelError(f"{method} {url}: {last} after {MAX_ATTEMPTS} attempts")
+    def post(self, url: str, body: dict, attempts: int = MAX_ATTEMPTS, check=None) -> dict:
+        return http.request("POST", url, body, key=self._key, timeout=self.remote.timeout_s, attempts=attempts,
+                            check=check)
+
+    def get(self, url: str, attempts: int = MAX_ATTEMPTS, check=None) -> dict:
+        return http.request("GET", url, None, key=self._key, timeout=self.remote.timeout_s, attempts=attempts,
+                            check=check)
 
     # ---- probing ---------------------------------------------------------------------------------
     def _probe(self):
@@ -124,7 +108,7 @@ class OpenAIEngine:
             if not isinstance(r.get("data"), list) or not r["data"]:
                 raise ValueError("no models listed")
 
-        listed = self._request("GET", f"{self.base}/models", check=models_ok)["data"]
+        listed = self.get(f"{self.base}/models", check=models_ok)["data"]
         ids = [m.get("id") for m in listed]
         want = self.remote.served_model
         if want is None:
@@ -134,73 +118,115 @@ class OpenAIEngine:
         elif want not in ids:
             raise ModelError(f"--served-model {want!r} is not served at {self.base} (it lists {ids})")
         info = next(m for m in listed if m.get("id") == want)
-        caps = {"generate", "stop_strings"}
-        if isinstance(info.get("max_model_len"), int):
-            self.config = _with_context(self.config, min(self.config.max_context, info["max_model_len"]))
-        try:
-            probe_text = "The probe: 12,345 apples."
-            r = self._request("POST", f"{self.root}/tokenize", {"model": want, "prompt": probe_text})
-            if isinstance(r.get("tokens"), list):
-                caps.add("tokenize")
-                if self.tok is not None and r["tokens"] != self.tok.encode(probe_text):
-                    self.notes.append("the server's tokenizer differs from --model's: token ids are not comparable")
-        except ModelError:
-            self.notes.append("no /tokenize: the local tokenizer of --model is used")
         self.model_id = want
-        probe = self.tok.encode("The probe") if self.tok else [1, 2]
-        r = self._completion(probe, 1, logprobs=2, echo=True, allow_reject=True)
-        if r is None:  # echo refused: try a plain completion
-            self.notes.append("the server refuses echo: prompt logprobs (loglikelihood tasks) impossible")
-            r = self._completion(probe, 1, logprobs=2, echo=False, allow_reject=True)
-            if r is None:
-                r = self._completion(probe, 1, logprobs=None, echo=False)
-            ch = r["choices"][0]
-        else:
-            ch = r["choices"][0]
-            tl = (ch.get("logprobs") or {}).get("token_logprobs") or []
-            if len(tl) >= len(probe) + 1 and all(isinstance(x, (int, float)) for x in tl[1:len(probe)]):
-                caps.add("echo_logprobs")
-            else:
-                self.notes.append("echo returns no prompt logprobs: loglikelihood tasks impossible")
-        ext = r.get("evalsuite") if isinstance(r.get("evalsuite"), dict) else {}
-        self.echo_path = ext.get("echo_path") if "echo_logprobs" in caps else None
-        if "echo_logprobs" in caps and self.echo_path != "decode":
+        f: dict[str, probe.Finding] = {"models": probe.Finding(True, f"serves {want!r}")}
+        self.findings = f  # filled in below
+        self.tokenize_route, f["tokenize"] = probe.probe_tokenize(self)
+        if "differently" in f["tokenize"].detail:
+            self.notes.append("the server's tokenizer differs from --model's: token ids are not comparable")
+        probe.probe_prompts(self, f)
+        canary = probe.probe_generation(self, f)
+        probe.probe_echo(self, f, canary)
+        probe.probe_extras(self, f, canary, info)
+        if self.max_context:
+            self.config = _with_context(self.config, min(self.config.max_context, self.max_context))
+        if not self.token_prompts and self.tokenize_route is None:
+            self.prompt_not_checked.append(
+                "prompt tokenization: the server takes only text prompts and has no tokenize endpoint, so the "
+                "token ids it decodes cannot be checked against the reference's")
+        if self._echo_usable() and self.echo_path != "decode":
             self.echo_not_checked.append(
                 "decode path: the server does not say that its echo (prompt) logprobs come from its decode "
                 "path, so golden checks and loglikelihood scores over it may never exercise the decode kernel")
-        if isinstance(ch.get("token_ids"), list):
-            caps.add("token_ids")
-        else:
-            self.notes.append("no generated token ids: generations are compared on re-tokenized text")
-        lp = ch.get("logprobs") or {}
-        if isinstance(lp.get("token_logprobs"), list) and lp["token_logprobs"] and lp["token_logprobs"][-1] is not None:
-            caps.add("gen_logprobs")
-        else:
-            self.notes.append("no logprobs for generated tokens: only the tokens are compared")
+        for name in ("token_ids", "gen_logprobs", "greedy", "echo_logprobs", "echo_consistency", "stop_strings"):
+            if f[name].ok is False:
+                self.notes.append(f"{name}: {f[name].detail}")
+        if not self._echo_usable():
+            self.notes.append("loglikelihood tasks and golden checks are impossible over this server (no usable "
+                              "echo prompt logprobs)")
         self.identity = {k: info.get(k) for k in ("id", "root", "owned_by", "created", "max_model_len", "evalsuite")}
-        # the canary: greedy ids and logprobs of a fixed prompt, taken now; any change of the served
-        # engine behind the same URL changes it, so journals never reuse another engine's answers
-        canary = self._completion(self.tok.encode(CANARY_PROMPT) if self.tok else [1, 2, 3], 8, logprobs=1,
-                                  echo=False, allow_reject=True)
-        cch = (canary or {}).get("choices", [{}])[0]
-        self.canary = {"text": cch.get("text"), "token_ids": cch.get("token_ids"),
-                       "logprobs": [None if x is None else round(float(x), 4)
-                                    for x in ((cch.get("logprobs") or {}).get("token_logprobs") or [])]}
-        return want, info, frozenset(caps)
+        self.canary = {"text": canary["text"], "token_ids": canary["ids"],
+                       "logprobs": [round(float(x), 4) for x in canary["logprobs"] or []]}
+        return want, info, f
+
+    def _capabilities(self) -> set[str]:
+        f = self.findings
+        caps = {"generate"}
+        for name in ("token_ids", "gen_logprobs", "stop_strings", "chat", "tokenize"):
+            if f[name].ok:
+                caps.add(name)
+        if self._echo_usable():
+            caps.add("echo_logprobs")
+        return caps
+
+    def _echo_usable(self) -> bool:
+        """Echo logprobs are used only when present and shown aligned with the decode path: misaligned
+        echo, or echo whose alignment could not be checked, would score on bad data. (Aligned echo whose
+        values disagree with decode is used: that is the engine's own inconsistency, for checks to judge.)"""
+        f = self.findings
+        return bool(f["echo_logprobs"].ok) and f["echo_consistency"].ok is not None and not self.echo_misaligned
+
+    def capability_report(self) -> dict:
+        """Every finding of the probe, for result files (`engine_capabilities`)."""
+        return {k: v.to_json() for k, v in self.findings.items()}
+
+    def refusal(self, capability: str) -> str:
+        """Why a capability is missing, in words from the probe."""
+        if capability == "echo_logprobs":
+            f = self.findings
+            bad = f["echo_consistency"] if f["echo_logprobs"].ok else f["echo_logprobs"]
+            return f"echo prompt logprobs unusable ({'echo consistency' if f['echo_logprobs'].ok else 'echo'}: " \
+                   f"{bad.detail})"
+        return f"{capability}: {self.findings.get(capability, probe.Finding(False, 'not offered')).detail}"
 
     @property
     def fingerprint(self) -> str:
-        """The server's reported identity and the canary taken at start (see _probe)."""
-        import hashlib
-
+        """The server's reported identity and the canary taken at start (see probe.probe_generation)."""
         blob = json.dumps({"base": self.base, "identity": self.identity, "canary": self.canary,
                            "dtype": self.dtype}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()
 
-    def _completion(self, prompt, max_tokens, logprobs, echo, ignore_eos=False, stop=(), allow_reject=False,
-                    decode_from: int | None = None):
-        body = {"model": self.model_id, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                "echo": echo}
+    # ---- requests --------------------------------------------------------------------------------
+    def wire_prompt(self, ids: Sequence[int]):
+        """A prompt as the server takes it: token ids, or text whose tokenization is checked."""
+        ids = list(map(int, ids))
+        if self.token_prompts:
+            return ids
+        if self.tok is None:
+            raise ModelError("the server takes only text prompts and there is no local tokenizer (--model)")
+        text = self.tok.decode(ids)
+        if self.tok.encode(text) != ids:
+            raise ModelError(f"a prompt of {len(ids)} tokens does not survive decode/encode with --model's tokenizer, "
+                             "so it cannot be sent as text to a server that refuses token ids")
+        if self.tokenize_route is not None:
+            got = self.tokenize(text)
+            if got != ids:
+                at = next((i for i, (a, b) in enumerate(zip(got, ids)) if a != b), min(len(got), len(ids)))
+                raise ModelError(f"the server tokenizes a prompt differently from --model's tokenizer (first "
+                                 f"difference at token {at} of {len(ids)}): token-level comparison is impossible")
+        return text
+
+    def body(self, ids: Sequence[int], max_tokens: int) -> dict:
+        return {"prompt": self.wire_prompt(ids), "max_tokens": max_tokens}
+
+    def completion_raw(self, body: dict, attempts: int = MAX_ATTEMPTS, n: int | None = None) -> dict:
+        body = {"model": self.model_id, "temperature": 0, **self.sampling, **body}
+
+        def ok(r):
+            ch = r["choices"]
+            if n is not None and (not isinstance(ch, list) or len(ch) != n):
+                raise ValueError(f"{len(ch) if isinstance(ch, list) else 'no'} choices for {n} prompts")
+            for c in ch:
+                if not isinstance(c.get("text"), str) or c.get("finish_reason") not in ("stop", "length"):
+                    raise ValueError("a choice without text or finish_reason (partial reply?)")
+
+        return self.post(f"{self.base}/completions", body, attempts=attempts, check=ok)
+
+    def completion(self, prompt, max_tokens, logprobs, echo, ignore_eos=False, stop=(), decode_from: int | None = None):
+        """One /v1/completions call for one prompt (ids) or several (a list of id lists)."""
+        rows = prompt if prompt and isinstance(prompt[0], (list, tuple)) else [prompt]
+        wire = [self.wire_prompt(p) for p in rows]
+        body = {"prompt": wire if len(rows) > 1 else wire[0], "max_tokens": max_tokens, "echo": echo}
         if decode_from is not None and decode_from >= 1:  # evalsuite serve's extension (see serve.py)
             body["echo_decode_from"] = decode_from
         if logprobs is not None:
@@ -209,40 +235,50 @@ class OpenAIEngine:
             body["ignore_eos"] = True
         if stop:
             body["stop"] = list(stop)
-        n = len(prompt) if prompt and isinstance(prompt[0], list) else 1
-
-        def ok(r):
-            ch = r["choices"]
-            if not isinstance(ch, list) or len(ch) != n:
-                raise ValueError(f"{len(ch) if isinstance(ch, list) else 'no'} choices for {n} prompts")
-            for c in ch:
-                if not isinstance(c.get("text"), str) or c.get("finish_reason") not in ("stop", "length"):
-                    raise ValueError("a choice without text or finish_reason (partial reply?)")
-
-        try:
-            return self._request("POST", f"{self.base}/completions", body, check=ok)
-        except ModelError as e:
-            if allow_reject and "HTTP 4" in str(e):
-                return None
-            raise
+        r = self.completion_raw(body, n=len(rows))
+        used = (r.get("usage") or {}).get("prompt_tokens")
+        if not self.token_prompts and len(rows) == 1 and isinstance(used, int) and used != len(rows[0]):
+            raise ModelError(f"POST {self.base}/completions: the server counted {used} prompt tokens where the "
+                             f"prompt has {len(rows[0])} (does it add a BOS token?): token-level comparison is "
+                             "impossible")
+        return r
 
     def tokenize(self, text: str) -> list[int]:
-        """Token ids from the server's /tokenize when it has one, else from the local tokenizer."""
-        if "tokenize" not in self.capabilities:
+        """Token ids from the server's tokenize endpoint when it has one, else from the local tokenizer."""
+        if self.tokenize_route is None:
             if self.tok is None:
-                raise ModelError("no /tokenize on the server and no local tokenizer (--model)")
+                raise ModelError("no tokenize endpoint on the server and no local tokenizer (--model)")
             return self.tok.encode(text)
         hit = self._tok_cache.get(text)
         if hit is None:
+            path, shape = self.tokenize_route
+
             def ok(r):
                 if not isinstance(r.get("tokens"), list):
                     raise ValueError("no tokens")
 
-            hit = self._request("POST", f"{self.root}/tokenize", {"model": self.model_id, "prompt": text},
-                                check=ok)["tokens"]
+            hit = self.post(self.root + path, shape(self.model_id, text), check=ok)["tokens"]
             if len(self._tok_cache) < 100_000:
                 self._tok_cache[text] = hit
         return list(hit)
+
+    def top_rows(self, lp: dict, n: int, k: int) -> list[list[tuple[int, float]]]:
+        """Per position the top alternatives [(id, logprob)], most likely first; [] when the reply has none.
+        An OpenAI token-string key that is not exactly one token of --model gets id -1 (never matched)."""
+        by_id = lp.get("top_logprobs_by_id")
+        if isinstance(by_id, list) and len(by_id) >= n:
+            return [[(int(a), float(b)) for a, b in (row or [])[:k]] for row in by_id]
+        tops = lp.get("top_logprobs")
+        if isinstance(tops, list) and len(tops) >= n:
+            return [self._by_id(row)[:k] for row in tops]
+        return []
+
+    def _by_id(self, top: dict | None) -> list[tuple[int, float]]:
+        out = []
+        for s, v in sorted((top or {}).items(), key=lambda z: -z[1]):
+            enc = self.tok.encode(s) if self.tok and s else []
+            out.append((enc[0] if len(enc) == 1 else -1, float(v)))
+        return out
 
     # ---- the protocol ----------------------------------------------------------------------------
     def score(self, seqs, want_taps: bool = False):
@@ -260,12 +296,14 @@ class OpenAIEngine:
         eos = set(self.tok.eos_ids) if self.tok else set()
         ignore_eos = not (eos and eos <= stop_set)  # the caller wants to run past end-of-turn
         k = top_k if "gen_logprobs" in self.capabilities else None
-        chunks = [list(range(s, min(s + ROWS_PER_REQUEST, len(prompts)))) for s in range(0, len(prompts),
-                                                                                       ROWS_PER_REQUEST)]
+        per = ROWS_PER_REQUEST if self.batched else 1
+        chunks = [list(range(s, min(s + per, len(prompts)))) for s in range(0, len(prompts), per)]
+        server_stops = tuple(stop_strings) if "stop_strings" in self.capabilities else ()
 
         def run(idx):
-            r = self._completion([list(map(int, prompts[i])) for i in idx], max_new_tokens, k, False,
-                                 ignore_eos=ignore_eos, stop=tuple(stop_strings))
+            rows = [list(map(int, prompts[i])) for i in idx]
+            r = self.completion(rows if len(rows) > 1 else rows[0], max_new_tokens, k, False,
+                                ignore_eos=ignore_eos and self.ignore_eos, stop=server_stops)
             return [self._generation(prompts[i], c, stop_set, top_k)
                     for i, c in zip(idx, sorted(r["choices"], key=lambda c: c.get("index", 0)))]
 
@@ -281,24 +319,21 @@ class OpenAIEngine:
         return out
 
     def _generation(self, prompt, ch: dict, stop_set: set[int], k: int) -> Generation:
-        if "token_ids" in self.capabilities and isinstance(ch.get("token_ids"), list):
-            ids = [int(t) for t in ch["token_ids"]]
-        else:
-            ids = self.tok.encode(ch["text"]) if self.tok else []
+        ids, how, exact_n = probe.generated_ids(self, ch)
         lp = ch.get("logprobs") or {}
+        tl = lp.get("token_logprobs")
+        if exact_n < len(ids):  # rebuilt ids are not the engine's; keep the server's per-token logprobs as they came
+            n = len(tl) if isinstance(tl, list) else 0
+            top_lp = np.full((n, k), np.nan, np.float32)
+            top_lp[:, 0] = [np.nan if x is None else float(x) for x in (tl or [])]
+            return Generation(list(map(int, prompt)), ids, np.full((n, k), -1, np.int64), top_lp,
+                              ch.get("finish_reason") or "length", ids_exact=False, text=ch["text"])
         n = len(ids)
         top_ids = np.full((n, k), -1, np.int64)
         top_lp = np.full((n, k), np.nan, np.float32)
-        by_id = lp.get("top_logprobs_by_id")
-        if isinstance(by_id, list) and len(by_id) == n:
-            for j, row in enumerate(by_id):
-                for m, (a, b) in enumerate((row or [])[:k]):
-                    top_ids[j, m], top_lp[j, m] = int(a), float(b)
-        elif isinstance(lp.get("top_logprobs"), list) and len(lp["top_logprobs"]) == n:
-            for j, row in enumerate(lp["top_logprobs"]):
-                for m, (a, b) in enumerate(self._by_id(row)[:k]):
-                    top_ids[j, m], top_lp[j, m] = a, b
-        tl = lp.get("token_logprobs")
+        for j, row in enumerate(self.top_rows(lp, n, k)[:n]):
+            for m, (a, b) in enumerate(row[:k]):
+                top_ids[j, m], top_lp[j, m] = a, b
         if isinstance(tl, list) and len(tl) == n:  # the chosen token's own logprob (greedy: the top-1)
             top_lp[:, 0] = [np.nan if x is None else float(x) for x in tl]
             top_ids[:, 0] = ids
@@ -306,54 +341,29 @@ class OpenAIEngine:
         finish = "stop" if cut < n or (ids and ids[-1] in stop_set) or ch.get("finish_reason") == "stop" else "length"
         return Generation(list(map(int, prompt)), ids[:cut], top_ids[:cut], top_lp[:cut], finish)
 
-    def _by_id(self, top: dict | None) -> list[tuple[int, float]]:
-        """OpenAI's {token string: logprob} as [(id, logprob)], most likely first; a string that is not
-        exactly one token of the local tokenizer gets id -1 (never matched)."""
-        out = []
-        for s, v in sorted((top or {}).items(), key=lambda z: -z[1]):
-            enc = self.tok.encode(s) if self.tok else []
-            out.append((enc[0] if len(enc) == 1 else -1, float(v)))
-        return out
-
     def forced_topk(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], k: int = 5):
         """Teacher-forced through echo: per row (token_logprobs [N], top_ids [N, k], top_logprobs
         [N, k]) for the continuation tokens, from the server's prompt-logprob path."""
         if "echo_logprobs" not in self.capabilities:
-            raise ModelError(f"{self.base}: the server returns no prompt logprobs (echo), so loglikelihood "
-                             "scoring and golden checks are impossible over it")
+            raise ModelError(f"{self.base}: {self.refusal('echo_logprobs')}, so loglikelihood scoring and golden "
+                             "checks are impossible over it")
         out = []
         for p, x in zip(prompts, continuations):
             seq = list(map(int, p)) + list(map(int, x))
-            r = self._completion(seq, 1, k, True, decode_from=len(p) - 1 if self.echo_path == "decode" else None)
+            r = self.completion(seq, 1, k, True, decode_from=len(p) - 1 if self.echo_path == "decode" else None)
             lp = r["choices"][0].get("logprobs") or {}
             tl = lp.get("token_logprobs") or []
             if len(tl) < len(seq):
                 raise ModelError(f"POST {self.base}/completions: echo returned {len(tl)} logprobs for {len(seq)} "
                                  "prompt tokens")
-            span = range(len(p), len(seq))
-            by_id = lp.get("top_logprobs_by_id")
-            tops = lp.get("top_logprobs") or []
+            rows = self.top_rows(lp, len(seq), k)
             ti = np.full((len(x), k), -1, np.int64)
             tv = np.full((len(x), k), np.nan, np.float64)
-            for j, t in enumerate(span):
-                if isinstance(by_id, list) and len(by_id) > t and by_id[t]:
-                    row = by_id[t]
-                else:
-                    row = self._by_id(tops[t]) if len(tops) > t else []
-                for m, (a, b) in enumerate(row[:k]):
-                    ti[j, m], tv[j, m] = int(a), float(b)
-            out.append((np.array([float(tl[t]) for t in span]), ti, tv))
+            for j, t in enumerate(range(len(p), len(seq))):
+                for m, (a, b) in enumerate((rows[t] if len(rows) > t and rows[t] else [])[:k]):
+                    ti[j, m], tv[j, m] = a, b
+            out.append((np.array([float(tl[t]) for t in range(len(p), len(seq))]), ti, tv))
         return out
-
-
-def _error_message(e: urllib.error.HTTPError) -> str:
-    try:
-        body = json.loads(e.read() or b"{}")
-        err = body.get("error", body)
-        msg = err.get("message") if isinstance(err, dict) else str(err)
-        return str(msg or e.reason)[:300]
-    except (ValueError, AttributeError, OSError):
-        return str(e.reason)[:300]
 
 
 def _with_context(c: Config, n: int) -> Config:

@@ -239,20 +239,19 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     model = load_model(spec.model)
     api_notes = None
     if spec.engine == "openai":  # probe the server first: refuse what it cannot do before any work
-        from evalsuite.engines import make_engine
+        from evalsuite.engines import capability_report, make_engine
+        from evalsuite.engines import not_checked as engine_not_checked
 
         variant = spec.variant or DEFAULT_VARIANT[spec.task]
         probe = make_engine("openai", model, spec.dtype, spec.fault, spec.remote)
-        if VARIANTS[spec.task][variant][3] == "acc" and "echo_logprobs" not in probe.capabilities:
-            raise SpecError(f"{probe.base}: the server returns no prompt logprobs (echo), so {spec.task}/{variant} "
+        uses_echo = VARIANTS[spec.task][variant][3] == "acc"
+        if uses_echo and "echo_logprobs" not in probe.capabilities:
+            raise SpecError(f"{probe.base}: {probe.refusal('echo_logprobs')}, so {spec.task}/{variant} "
                             "(scored by loglikelihood) is impossible over it"
                             + ("; --variant cot is generative" if spec.task == "gpqa" else ""))
-        api_notes = {"capabilities": sorted(probe.capabilities), "notes": probe.notes, "echo_path": probe.echo_path,
-                     "not_checked": []}
-        if VARIANTS[spec.task][variant][3] == "acc" and probe.echo_path != "decode":
-            api_notes["not_checked"].append(
-                "decode path: the server does not say that its echo logprobs come from its decode path, so "
-                "these loglikelihood scores may never exercise the decode kernel")
+        api_notes = {"capabilities": sorted(probe.capabilities), "engine_capabilities": capability_report(probe),
+                     "notes": probe.notes, "echo_path": probe.echo_path,
+                     "not_checked": engine_not_checked(probe, uses_echo)}
     engines = {}
     engines[spec.against] = _run_engine(spec, spec.against, "float32", None, tasks_dir, out, progress)
     engines[spec.engine if spec.engine != spec.against else spec.engine + "-under-test"] = _run_engine(
@@ -295,8 +294,9 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
             if same_resp < 1 else []),
         "verdict_rule": v.rule,
         "settle": _settle(spec, v, bundled, n_items) if verdict == v.verdict else
-        ("a server that states its echo logprobs come from its decode path (evalsuite serve does), "
-         "or a generative variant"),
+        ("remove what is listed as not checked: a server that takes token-id prompts or has a tokenize "
+         "endpoint, and (for loglikelihood variants) states its echo logprobs come from its decode path "
+         "(evalsuite serve does both), or a generative variant"),
         "spec": asdict(spec), "seed": spec.seed, "versions": versions(), "seconds": round(time.time() - t0, 1),
     }
     write_json(out / "comparison.json", result)

@@ -14,7 +14,8 @@
    tolerance (bisection), where both engines provide taps.
 5. Batch invariance (batch 1 vs batch B) and run-to-run determinism are measured and reported.
 Verdict: FAIL on any real mismatch, bf16 drift or non-determinism; INCONCLUSIVE when a check a
-PASS needs could not run (bf16 drift on too few positions); else PASS.
+PASS needs could not run (bf16 drift on too few positions; over an API: prompt tokenization the
+server could not confirm, echo it cannot vouch for, no logprobs at all); else PASS.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import numpy as np
 from engines.loop import batches
 from engines.reference import ReferenceEngine
 from evalsuite.compare import metrics, rule
-from evalsuite.engines import make_engine
+from evalsuite.engines import capability_report, make_engine
+from evalsuite.engines import not_checked as engine_not_checked
 from evalsuite.errors import SpecError
 from evalsuite.prompts import load_prompts
 from evalsuite.registry import load_model
@@ -91,8 +93,13 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
     api = "logits" not in caps  # top-k logprobs only (an HTTP API)
     not_checked = list(API_NOT_POSSIBLE) + list(getattr(eng, "notes", [])) if api else []
     if api and "echo_logprobs" not in caps:
-        not_checked.append("teacher-forced comparison after the first divergence (no echo prompt logprobs): "
+        not_checked.append(f"teacher-forced comparison after the first divergence ({eng.refusal('echo_logprobs')}): "
                            "only the free-running tokens up to it are compared")
+    # what blocks a PASS: prompts the server may have read differently, echo it cannot vouch for, and
+    # an engine that gives neither generated-token nor echo logprobs (tokens only: nothing numeric)
+    blocking = engine_not_checked(eng, uses_echo="echo_logprobs" in caps) if api else []
+    if api and not ({"gen_logprobs", "echo_logprobs"} & caps):
+        blocking.append("logprobs: the server returns none (generated or echo), so only token identity is compared")
     N = spec.max_new_tokens
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][1]))  # similar lengths batch well
     per_prompt: list[dict | None] = [None] * len(encoded)
@@ -106,6 +113,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
         rgen = ref.generate(prompts, N, top_k=5, want_logits=True)
         rtoks = [g.token_ids for g in rgen]
         egen = eng.generate(prompts, N, top_k=5)
+        text_only = [_resolve_by_text(model.tokenizer, rg, eg) for rg, eg in zip(rgen, egen)]
         if not api:
             forced = [rule.Forced(logits=x) for x in eng.decode_forced(prompts, rtoks)]
         elif "echo_logprobs" in caps:
@@ -113,8 +121,14 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
         else:
             forced = [None] * len(prompts)
         rec_logits = recipe.decode_forced(prompts, rtoks) if recipe is not None else [None] * len(prompts)
-        for i, rg, eg, fo, rl in zip(idx, rgen, egen, forced, rec_logits):
+        for i, rg, eg, fo, rl, how in zip(idx, rgen, egen, forced, rec_logits, text_only):
+            if how == "unresolved":  # the server's text differs and its ids cannot be recovered: not judged
+                blocking.append(f"prompt {encoded[i][0].id}: the server returned no token ids and its text is not "
+                                "valid UTF-8, so where it differs from the reference's cannot be located in tokens")
+                eg = rg  # placeholder so the record's shape holds; counted as not checked above
             rec = rule.compare_prompt(rg.logits, rg.token_ids, eg.token_ids, eg.top_logprobs, fo, tol)
+            if how is not None:
+                rec["compared_as"] = how
             if rl is not None and rec["_drift"] is not None:
                 drift_e.append(rec["_drift"])
                 drift_r.append(metrics.kl(rg.logits, rl) if not api else np.abs(
@@ -144,7 +158,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
     benign = sum(len(r["benign_positions"]) for r in per_prompt)
     failed = real > 0 or not invariance["deterministic"] or (drift["checked"] and not drift["ok"])
     unchecked_drift = spec.dtype != "float32" and not drift["checked"]
-    verdict = "FAIL" if failed else "INCONCLUSIVE" if unchecked_drift else "PASS"
+    verdict = "FAIL" if failed else "INCONCLUSIVE" if unchecked_drift or blocking else "PASS"
     summary = {"max_dlogprob": metrics.summary(r["tf"]["max_dlogprob"] for r in per_prompt
                                                if r["tf"]["max_dlogprob"] is not None),
                "argmax_agreement": float(np.mean([r["tf"]["argmax_agreement"] for r in per_prompt]))}
@@ -171,8 +185,10 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
                                  "|Δlogprob|) are within their tolerances (evalsuite/compare/rule.py)"),
         "bf16_drift": drift,
         "checks_not_possible": not_checked,
-        "engine_capabilities": sorted(caps),
-        "prompts_identical": sum(r["first_divergence"] is None for r in per_prompt),
+        "not_checked": blocking,
+        "engine_capabilities": capability_report(eng),
+        "prompts_identical": sum(r["first_divergence"] is None and r.get("compared_as") != "unresolved"
+                                 for r in per_prompt),
         "observed_noise": metrics.summary(matched),
         "summary": summary,
         "bisection": bisection,
@@ -182,6 +198,21 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
         "versions": versions(), "spec": {k: v for k, v in asdict(spec).items() if k != "remote"},
         "seconds": round(time.time() - t0, 1),
     }
+
+
+def _resolve_by_text(tok, rg, eg) -> str | None:
+    """None when the engine's ids are its own; else (a server without token ids whose text is not valid
+    UTF-8) "text" when its text equals the reference's (its ids are then the reference's), or
+    "unresolved" when it differs."""
+    if eg.ids_exact:
+        return None
+    if tok is not None and eg.text == tok.decode(rg.token_ids):
+        n = len(rg.token_ids)
+        eg.token_ids, eg.ids_exact = list(rg.token_ids), True
+        if len(eg.top_logprobs) != n:  # the server's per-token logprobs do not line up: drop them
+            eg.top_logprobs = np.full((n, 1), np.nan, np.float32)
+        return "text"
+    return "unresolved"
 
 
 def _bisect(ref, eng, prompt, rtoks, j, tap_tol) -> dict:
