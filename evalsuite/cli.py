@@ -165,6 +165,11 @@ def diff(engine, against, model, prompts, max_new_tokens, dtype, batch, fault, n
         d = result.get("bf16_drift") or {}
         if d.get("checked"):
             click.echo(f"bf16 drift: ratio {d['ratio']:.2f} to the reference's bf16 recipe (bound {d['bound']})")
+        ch = result.get("character")
+        if ch and ch["kind"] != "none":
+            click.echo(f"what kind of difference: {ch['kind']}: {ch['explanation']}")
+        for note in result.get("not_checked", []):
+            click.echo(f"NOT CHECKED (no PASS without it): {note}")
         for note in result.get("checks_not_possible", []):
             click.echo(f"not checked: {note}")
         b = result["bisection"]

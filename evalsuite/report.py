@@ -52,6 +52,9 @@ def diff_report(result: dict, out: Path) -> list[Path]:
          f"{r['summary']['argmax_agreement']:.4f}" if "kl" in r["summary"] else
          f"- over an API: |Δlogprob| of the reference token bounded by {r.get('logprob_tolerance')}; argmax "
          f"agreement {r['summary']['argmax_agreement']:.4f}"),
+        *([f"- **what kind of difference: {r['character']['kind']}**: {r['character']['explanation']}"]
+          if r.get("character") and r["character"]["kind"] != "none" else []),
+        *[f"- **not checked (no PASS without it)**: {n}" for n in r.get("not_checked", [])],
         *[f"- not checked: {n}" for n in r.get("checks_not_possible", [])],
         f"- batch invariance (B={r['batch_invariance']['batch']}): "
         f"{'yes' if r['batch_invariance']['invariant'] else 'NO'}; deterministic: "

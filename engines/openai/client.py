@@ -304,8 +304,12 @@ class OpenAIEngine:
             rows = [list(map(int, prompts[i])) for i in idx]
             r = self.completion(rows if len(rows) > 1 else rows[0], max_new_tokens, k, False,
                                 ignore_eos=ignore_eos and self.ignore_eos, stop=server_stops)
-            return [self._generation(prompts[i], c, stop_set, top_k)
+            gens = [self._generation(prompts[i], c, stop_set, top_k)
                     for i, c in zip(idx, sorted(r["choices"], key=lambda c: c.get("index", 0)))]
+            if not server_stops and self.tok is not None and len(self.tok.eos_ids) == 1:
+                for g, c in zip(gens, sorted(r["choices"], key=lambda c: c.get("index", 0))):
+                    self._restore_eos(g, c, max_new_tokens)
+            return gens
 
         with ThreadPoolExecutor(max_workers=CONCURRENT_REQUESTS) as pool:
             out = [g for part in pool.map(run, chunks) for g in part]
@@ -340,6 +344,19 @@ class OpenAIEngine:
         cut = next((j + 1 for j, t in enumerate(ids) if t in stop_set), n)
         finish = "stop" if cut < n or (ids and ids[-1] in stop_set) or ch.get("finish_reason") == "stop" else "length"
         return Generation(list(map(int, prompt)), ids[:cut], top_ids[:cut], top_lp[:cut], finish)
+
+    def _restore_eos(self, g: Generation, ch: dict, max_new_tokens: int) -> None:
+        """A server that stops at end-of-turn and leaves the token out of its reply (llama.cpp): with no
+        stop strings sent, an early "stop" can only be that token, so it is put back (logprob unknown)."""
+        eos = self.tok.eos_ids[0]
+        if ch.get("finish_reason") == "stop" and len(g.token_ids) < max_new_tokens and g.ids_exact and (
+                not g.token_ids or g.token_ids[-1] != eos):
+            k = g.top_ids.shape[1] if g.top_ids.ndim == 2 else 1
+            g.token_ids = list(g.token_ids) + [eos]
+            g.top_ids = np.concatenate([g.top_ids.reshape(-1, k), np.full((1, k), -1, np.int64)])
+            g.top_ids[-1, 0] = eos
+            g.top_logprobs = np.concatenate([g.top_logprobs.reshape(-1, k), np.full((1, k), np.nan, np.float32)])
+            g.finish_reason = "stop"
 
     def forced_topk(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], k: int = 5):
         """Teacher-forced through echo: per row (token_logprobs [N], top_ids [N, k], top_logprobs

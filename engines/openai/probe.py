@@ -102,7 +102,8 @@ def probe_prompts(eng, f: dict) -> None:
     eng.batched = ok
     r, why = _try(eng, {"prompt": eng.wire_prompt(ids), "max_tokens": 1, "ignore_eos": True})
     eng.ignore_eos = r is not None
-    f["ignore_eos"] = Finding(r is not None, "ignore_eos accepted (runs past end-of-turn when asked)" if r is not None
+    f["ignore_eos"] = Finding(r is not None, "ignore_eos accepted (if not honoured, generations end at end-of-turn)"
+                              if r is not None
                               else f"ignore_eos refused ({why}): generations end at the end-of-turn token")
     r, why = _try(eng, {"prompt": eng.wire_prompt(ids), "max_tokens": 1, **NEUTRAL_SAMPLING})
     eng.sampling = dict(NEUTRAL_SAMPLING) if r is not None else {"frequency_penalty": 0.0, "presence_penalty": 0.0}

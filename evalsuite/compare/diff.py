@@ -93,14 +93,20 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
     api = "logits" not in caps  # top-k logprobs only (an HTTP API)
     not_checked = list(API_NOT_POSSIBLE) + list(getattr(eng, "notes", [])) if api else []
     if api and "echo_logprobs" not in caps:
-        not_checked.append(f"teacher-forced comparison after the first divergence ({eng.refusal('echo_logprobs')}): "
-                           "only the free-running tokens up to it are compared")
+        not_checked.append("teacher-forced comparison after the first divergence (no usable echo prompt logprobs, "
+                           "see engine_capabilities.echo_consistency): only the free-running tokens up to it are "
+                           "compared")
     # what blocks a PASS: prompts the server may have read differently, echo it cannot vouch for, and
     # an engine that gives neither generated-token nor echo logprobs (tokens only: nothing numeric)
     blocking = engine_not_checked(eng, uses_echo="echo_logprobs" in caps) if api else []
     if api and not ({"gen_logprobs", "echo_logprobs"} & caps):
         blocking.append("logprobs: the server returns none (generated or echo), so only token identity is compared")
     N = spec.max_new_tokens
+    # a float32 claim is also judged under bf16's bounds, to say what kind of difference a FAIL is
+    tol16 = rule.Tolerances.for_dtype("bfloat16") if spec.dtype == "float32" else None
+    under16: list[int] = []
+    # a server that cannot be made to run past end-of-turn ends there; everything else decodes N tokens
+    eos_ids = tuple(model.tokenizer.eos_ids) if api and model.tokenizer is not None else ()
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][1]))  # similar lengths batch well
     per_prompt: list[dict | None] = [None] * len(encoded)
     matched: list[float] = []
@@ -126,7 +132,12 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
                 blocking.append(f"prompt {encoded[i][0].id}: the server returned no token ids and its text is not "
                                 "valid UTF-8, so where it differs from the reference's cannot be located in tokens")
                 eg = rg  # placeholder so the record's shape holds; counted as not checked above
-            rec = rule.compare_prompt(rg.logits, rg.token_ids, eg.token_ids, eg.top_logprobs, fo, tol)
+            rec = rule.compare_prompt(rg.logits, rg.token_ids, eg.token_ids, eg.top_logprobs, fo, tol,
+                                      eos_ids=eos_ids)
+            if tol16 is not None and how != "unresolved":  # the same positions under bf16's bounds
+                r16 = rule.compare_prompt(rg.logits, rg.token_ids, eg.token_ids, eg.top_logprobs, fo, tol16,
+                                          eos_ids=eos_ids)
+                under16.append(len(r16["real_positions"]))
             if how is not None:
                 rec["compared_as"] = how
             if rl is not None and rec["_drift"] is not None:
@@ -165,8 +176,10 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
     if not api:
         summary |= {"max_dlogit": metrics.summary(r["tf"]["max_dlogit"] for r in per_prompt),
                     "kl": metrics.summary(v for r in per_prompt for v in r["tf"]["kl"])}
+    character = rule.character(per_prompt, real, sum(under16), tol16) if tol16 is not None else None
     return {
         "verdict": verdict,
+        "character": character,
         "engine": spec.engine, "against": spec.against, "model": spec.model,
         "weights_sha256": model.weights.sha256, "dtype": spec.dtype, "reference_dtype": "float32",
         "fault": spec.fault, "prompt_set": pset.name, "prompt_set_sha256": pset.sha256,

@@ -37,7 +37,9 @@ def rank_of(token: int, logits: np.ndarray) -> int:
 
 
 def summary(values) -> dict:
+    """n, mean, quantiles and max of the values; NaN (a value a server did not give) is left out."""
     v = np.asarray(list(values), np.float64)
+    v = v[~np.isnan(v)]
     if v.size == 0:
         return {"n": 0}
     return {"n": int(v.size), "mean": float(v.mean()), "p50": float(np.percentile(v, 50)),
