@@ -75,3 +75,12 @@ def calibrate(session: nox.Session) -> None:
     """The reference-only noise floors behind evalsuite/compare/rule.py's tolerances (prints figures)."""
     _install(session)
     session.run("python", "benchmarks/calibrate_noise.py", *(session.posargs or ["builtin"]))
+
+
+@nox.session(python=False)
+def interop(session: nox.Session) -> None:
+    """evalsuite's commands against evalsuite serve and llama.cpp's server on loopback (creates .venv and
+    .venv-llamacpp; building llama.cpp takes minutes once). Pass `-- --servers llamacpp --limit 5` etc."""
+    session.run("bash", "install.sh", external=True)
+    session.run("bash", "interop/install_llamacpp.sh", external=True)
+    session.run(".venv/bin/python", "interop/matrix.py", *session.posargs, external=True)

@@ -245,7 +245,7 @@ def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model,
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
 @click.option("--fault", default=None, help="Megakernel fault injection (self-test aid).")
 @click.option("--margin", default=0.02, show_default=True, type=float, help="Non-inferiority margin (share).")
-@click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap and lm-eval seeds.")
+@click.option("--seed", default=0, show_default=True, type=int, help="lm-eval seeds (random, numpy, torch, fewshot).")
 @click.option("--json", "as_json", is_flag=True)
 @remote_options
 def run_cmd(task, variant, engine, against, model, limit, data_dir, output, dtype, fault, margin, seed,

@@ -181,9 +181,13 @@ class OpenAIEngine:
 
     @property
     def fingerprint(self) -> str:
-        """The server's reported identity and the canary taken at start (see probe.probe_generation)."""
-        blob = json.dumps({"base": self.base, "identity": self.identity, "canary": self.canary,
-                           "dtype": self.dtype}, sort_keys=True, default=str)
+        """The server's reported identity and the canary's greedy text and ids taken at start (see
+        probe.probe_generation). The canary's logprobs are not hashed (a server with a prompt cache,
+        llama.cpp's, returns values that move by up to 0.063 nats between identical requests); the
+        journal compares them within CANARY_TOL instead (bench/adapter.py)."""
+        blob = json.dumps({"base": self.base, "identity": self.identity, "dtype": self.dtype,
+                           "canary": {k: self.canary.get(k) for k in ("text", "token_ids")}},
+                          sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     # ---- requests --------------------------------------------------------------------------------

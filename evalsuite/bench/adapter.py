@@ -69,6 +69,28 @@ class EngineLM(TemplateLM):
             from evalsuite.bench.journal import Journal
 
             self.journal = Journal(journal)
+            if self.engine.name == "openai":
+                self._check_canary(remote)
+
+    def _check_canary(self, remote) -> None:
+        """A server's canary logprobs (taken at start) must match those of the run that wrote the
+        journal within CANARY_TOL, or its answers are not reused: it is not the same engine."""
+        from engines.openai.probe import ECHO_CONSISTENCY_TOL as CANARY_TOL
+        from evalsuite.bench.journal import request_key
+
+        key = request_key(self.identity, "canary", [])
+        now = [float(x) for x in self.engine.canary.get("logprobs") or []]
+        have = self.journal.get(key)
+        if have is None:
+            self.journal.add([{"key": key, "kind": "canary", "result": now}])
+            return
+        before = have["result"]
+        d = max((abs(a - b) for a, b in zip(now, before)), default=0.0) if len(now) == len(before) else float("inf")
+        if d > CANARY_TOL:
+            self.journal.close()
+            raise SpecError(f"the server at {remote.base_url} answers the canary differently from when "
+                            f"{self.journal.path} was written (max |Δlogprob| {d:.3g} > {CANARY_TOL}): not the same "
+                            "engine, so its answers are not reused; use a new --output or delete that journal")
 
     # ---- tokenization -----------------------------------------------------------------------------
     @property

@@ -20,8 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Fake:
-    def __init__(self, mode: str = "ok", fail_first: int = 0, delay: float = 0.0):
-        self.mode, self.fail_first, self.delay = mode, fail_first, delay
+    def __init__(self, mode: str = "ok", fail_first: int = 0, delay: float = 0.0, lp: float = -0.5):
+        self.mode, self.fail_first, self.delay, self.lp = mode, fail_first, delay, lp
         self.requests: list[tuple[str, dict]] = []
         self.completions = 0
         fake = self
@@ -81,8 +81,8 @@ class Fake:
                             seq = (p if body.get("echo") else []) + gen
                             first = bool(body.get("echo"))  # echo: the first prompt token has none
                             ch["logprobs"] = {
-                                "token_logprobs": [None if (first and j == 0) else -0.5 for j in range(len(seq))],
-                                "top_logprobs_by_id": [None if (body.get("echo") and j == 0) else [[t, -0.5]]
+                                "token_logprobs": [None if (first and j == 0) else fake.lp for j in range(len(seq))],
+                                "top_logprobs_by_id": [None if (body.get("echo") and j == 0) else [[t, fake.lp]]
                                                        for j, t in enumerate(seq)]}
                     choices.append(ch)
                 self._send(200, json.dumps({"object": "text_completion", "choices": choices}).encode())

@@ -29,7 +29,8 @@ OPENAI_FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "
 
 
 def _validation_500(field: str, kind: str, msg: str, value) -> tuple[int, dict]:
-    text = f"1 validation error:\n  {{'type': '{kind}', 'loc': ('body', '{field}'), 'msg': '{msg}', 'input': {value!r}}}"
+    text = (f"1 validation error:\n  {{'type': '{kind}', 'loc': ('body', '{field}'), 'msg': '{msg}', "
+            f"'input': {value!r}}}")
     return 500, {"error": {"message": text, "type": "internal_server_error", "param": None, "code": None}}
 
 

@@ -109,7 +109,10 @@ def test_no_partial_answers_in_the_journal(mini_llama, tmp_path, monkeypatch):
         with pytest.raises(ModelError):
             lm.generate_until([Req("1 + 1 ="), Req("2 + 2 =")])
         lm.journal.close()
-        assert (tmp_path / "j.jsonl").read_text() == ""
+        import json
+
+        kinds = [json.loads(x)["kind"] for x in (tmp_path / "j.jsonl").read_text().splitlines()]
+        assert kinds == ["canary"]  # the server's canary, and no answer
 
 
 def test_tokenize_through_the_server_when_it_has_one(mini_llama):
@@ -149,3 +152,19 @@ def test_unstated_echo_path_cannot_pass(mini_llama):
         assert e.echo_not_checked and "decode path" in e.echo_not_checked[0]
         r = golden.check("mini-llama", "openai", remote=R(f.url))
         assert r.verdict != "PASS" and r.not_checked
+
+
+def test_journal_reuse_needs_the_same_canary(mini_llama, tmp_path):
+    """The canary's logprobs are compared, not hashed: a server whose values move by less than the
+    bound (a prompt cache) resumes its journal; one whose values move by more is refused in one line."""
+    from evalsuite.bench.adapter import OpenAILM
+    from evalsuite.errors import SpecError
+
+    j = str(tmp_path / "j.jsonl")
+    with Fake("ok", lp=-0.5) as f:
+        OpenAILM(model="mini-llama", base_url=f.url, journal=j, progress=False).journal.close()
+        f.lp = -0.55  # within CANARY_TOL (0.1): the same engine
+        OpenAILM(model="mini-llama", base_url=f.url, journal=j, progress=False).journal.close()
+        f.lp = -0.9
+        with pytest.raises(SpecError, match="canary differently.*not the same engine"):
+            OpenAILM(model="mini-llama", base_url=f.url, journal=j, progress=False)

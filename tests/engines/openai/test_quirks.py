@@ -31,8 +31,8 @@ def test_validation_error_as_500_is_final_and_names_the_field():
                                            "[504, 14540]}\n"}}).encode()
     f = classify(500, body)
     assert not f.retry and "'prompt'" in f.message and "\n" not in f.message
-    f = classify(422, json.dumps({"detail": [{"loc": ["body", "max_tokens"], "msg": "Input should be a valid "
-                                                                                  "integer", "type": "int_type"}]}).encode())
+    detail = [{"loc": ["body", "max_tokens"], "msg": "Input should be a valid integer", "type": "int_type"}]
+    f = classify(422, json.dumps({"detail": detail}).encode())
     assert not f.retry and "'max_tokens'" in f.message
     assert classify(503, b'{"error": {"message": "overloaded"}}').retry
     assert classify(500, b'{"error": {"message": ""}}').retry
@@ -142,7 +142,8 @@ def test_strict_schema_refusals_are_final_and_named(mini_llama):
     with QuirkServer(mini_llama, {"strict_schema_500"}) as srv:
         e = _engine(srv, mini_llama)
         assert e.findings["ignore_eos"].ok is False and "'ignore_eos'" in e.findings["ignore_eos"].detail
-        assert e.findings["neutral_sampling"].ok is False and "'repeat_penalty'" in e.findings["neutral_sampling"].detail
+        ns = e.findings["neutral_sampling"]
+        assert ns.ok is False and "'repeat_penalty'" in ns.detail
         assert e.findings["echo_consistency"].ok  # echo still works: only the extension fields are refused
         g = e.generate([mini_llama.tokenizer.encode("Hi")], 3)
         assert len(g[0].token_ids) >= 1
