@@ -105,6 +105,8 @@ def test_endpoints_in_vllm_shapes(mini_server):
     ({"prompt": "x", "max_tokens": -1}, None, 400, "max_tokens"),
     ({"prompt": "x", "max_tokens": 2, "temperature": 0.7}, None, 400, "greedily"),
     ({"prompt": [999999], "max_tokens": 2}, None, 400, "vocabulary"),
+    ({"prompt": "x", "max_tokens": 2, "repetition_penalty": 1.2}, None, 400, "repetition_penalty must be 1"),
+    ({"prompt": "x", "max_tokens": 2, "frequency_penalty": 0.5}, None, 400, "frequency_penalty must be 0"),
 ])
 def test_bad_requests_get_4xx_and_the_server_stays_up(mini_server, body, raw, code, needle):
     got, err = post(mini_server + "/v1/completions", body, raw)
@@ -208,8 +210,9 @@ def test_swapped_server_behind_the_same_url_is_not_reused(tmp_path):
             p = cli("run", "sanity", "--engine", "openai", "--base-url", url + "/v1", "--model", "mini-llama",
                     "--limit", "4", "--output", out, "--json")
             assert p.returncode in (1, 3), p.stderr[-2000:]
-        counts.append(len((tmp_path / "r" / "openai" / "journal.jsonl").read_text().splitlines()))
-    assert counts == [4, 8]  # the second server's answers were computed, none reused
+        lines = (tmp_path / "r" / "openai" / "journal.jsonl").read_text().splitlines()
+        counts.append(sum(json.loads(x)["kind"] != "canary" for x in lines))
+    assert counts == [4, 8]  # the second server's answers were computed, none reused (and each has its canary)
 
 
 def test_run_gsm8k_through_the_api_matches_in_process(mini_server, tmp_path):
