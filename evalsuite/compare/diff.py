@@ -140,6 +140,9 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
                 under16.append(len(r16["real_positions"]))
             if how is not None:
                 rec["compared_as"] = how
+            if how == "text" and np.isnan(np.asarray(eg.top_logprobs, float)).all():
+                blocking.append(f"prompt {encoded[i][0].id}: matched as text only; the server's logprobs for it do "
+                                "not line up with the reference's tokens, so none were compared")
             if rl is not None and rec["_drift"] is not None:
                 drift_e.append(rec["_drift"])
                 drift_r.append(metrics.kl(rg.logits, rl) if not api else np.abs(
