@@ -308,10 +308,10 @@ class OpenAIEngine:
             rows = [list(map(int, prompts[i])) for i in idx]
             r = self.completion(rows if len(rows) > 1 else rows[0], max_new_tokens, k, False,
                                 ignore_eos=ignore_eos and self.ignore_eos, stop=server_stops)
-            gens = [self._generation(prompts[i], c, stop_set, top_k)
-                    for i, c in zip(idx, sorted(r["choices"], key=lambda c: c.get("index", 0)))]
+            choices = sorted(r["choices"], key=lambda c: c.get("index", 0))
+            gens = [self._generation(prompts[i], c, stop_set, top_k) for i, c in zip(idx, choices)]
             if not server_stops and self.tok is not None and len(self.tok.eos_ids) == 1:
-                for g, c in zip(gens, sorted(r["choices"], key=lambda c: c.get("index", 0))):
+                for g, c in zip(gens, choices):
                     self._restore_eos(g, c, max_new_tokens)
             return gens
 
