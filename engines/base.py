@@ -1,29 +1,88 @@
 """The engine protocol: the only thing evalsuite knows about an engine.
 
-An engine turns token ids into logits. It declares what it can do in `capabilities`:
-  "score"    teacher-forced logits for given sequences       (Engine.score)
-  "generate" batched greedy generation with stop ids         (Engine.generate)
-  "taps"     the residual stream after every layer            (score(..., want_taps=True), and
-             step_taps(prompts, next_ids) for one decode step, where the engine has a decode path)
-  "logits"   full-vocabulary logits at generated positions    (generate(..., want_logits=True))
-Every engine also provides decode_forced(prompts, continuations): the logits its own decode path
-produces when fed the given tokens one by one (what `diff` and `golden check` compare).
+An engine is a subclass of `Engine` (an abstract base class: a subclass that misses a method cannot
+be built, and evalsuite says which one). It has an identity (name, weights_sha256, dtype,
+fingerprint), a `max_batch`, typed frozen `Capabilities`, and two methods every engine implements:
+  generate(prompts, max_new_tokens, ...)  batched greedy generation with top-k logprobs
+  forced_topk(prompts, continuations, k)  teacher-forced top-k logprobs along given tokens, from
+                                          the engine's decode path (an HTTP engine: from echo)
+and two optional ones, offered where `capabilities` says so:
+  score(seqs, want_taps)                  full-vocabulary logits of a forward pass (and taps)
+  step_taps(prompts, next_ids)            the residual stream after every layer for one decode step
+What an engine lacks is reported by the checks as "not checked", never branched around.
 
-A new engine (your own megakernel) plugs in by implementing this protocol; evalsuite never
-imports an engine's internals.
+Engines are found by entry point (group `evalsuite.engines`, value `module:Class`); the class's
+`create(model, options)` builds one and its `faults` lists the fault names it accepts. The three
+built-in engines are declared the same way in pyproject.toml. evalsuite never imports an engine's
+internals.
 """
 
 from __future__ import annotations
 
+import abc
+import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
 from engines.config import Config
+from engines.errors import ModelError
+
+DTYPES = ("float32", "bfloat16")
+# stop_check(generated_ids) -> True ends that row (finish_reason "stop"), e.g. when the decoded text
+# contains a stop string: rows stop generating at once instead of running to max_new_tokens.
+StopCheck = Callable[[list[int]], bool]
 
 
+# ---- numeric helpers, defined once (numpy, float64 inside) ------------------------------------------
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = np.asarray(logits, np.float64)
+    z = x - x.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def top_k(logprobs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids [..., k], values [..., k]) most likely first; ties go to the lower id (as jax.lax.top_k
+    and argmax do)."""
+    ids = np.argsort(-np.asarray(logprobs), axis=-1, kind="stable")[..., :k]
+    return ids, np.take_along_axis(np.asarray(logprobs), ids, axis=-1)
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    """sha256 of a file, streamed (weights files are hundreds of MB)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def next_pow2(n: int, minimum: int = 1) -> int:
+    """Smallest power of two >= max(n, minimum): the shape buckets that bound recompilation."""
+    n = max(n, minimum)
+    return 1 << (n - 1).bit_length()
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_context: int, max_new: int) -> None:
+    """Raise ModelError for an empty prompt, an id outside the vocabulary or too long a request:
+    the one prompt validation every engine and the server use."""
+    if max_new < 1:
+        raise ModelError(f"max_new_tokens must be >= 1, got {max_new}")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ModelError(f"prompt {i} is empty")
+        bad = [t for t in p if not 0 <= int(t) < vocab]
+        if bad:
+            raise ModelError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {vocab})")
+        if len(p) + max_new > max_context:
+            raise ModelError(f"prompt {i} has {len(p)} tokens; with max_new_tokens {max_new} it "
+                             f"exceeds the model's context of {max_context}")
+
+
+# ---- records ------------------------------------------------------------------------------------
 @dataclass
 class Scored:
     """Teacher-forced result for one sequence of T tokens.
@@ -34,6 +93,26 @@ class Scored:
 
     logits: np.ndarray
     taps: np.ndarray | None = None
+
+
+@dataclass
+class Forced:
+    """One row teacher-forced along given tokens (or the reference's own greedy track): the one record
+    type the comparator reads. token_logprobs [N]: the log-softmax of the given token at each position
+    (NaN where unknown); top_ids / top_logprobs [N, k]: the k most likely ids, most likely first
+    (-1 / NaN where a server gave fewer); logits [N, V] only from engines with full logits."""
+
+    token_logprobs: np.ndarray
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+    logits: np.ndarray | None = None
+
+    @classmethod
+    def from_logits(cls, logits: np.ndarray, tokens: Sequence[int], k: int, keep_logits: bool = True) -> Forced:
+        lp = log_softmax(logits)
+        ids, vals = top_k(lp, k)
+        tok = lp[np.arange(len(tokens)), np.asarray(tokens, np.int64)] if len(tokens) else np.zeros(0)
+        return cls(tok, ids, vals, np.asarray(logits, np.float32) if keep_logits else None)
 
 
 @dataclass
@@ -57,44 +136,104 @@ class Generation:
     ids_exact: bool = True
     text: str | None = None
 
+    def track(self) -> Forced:
+        """The generation as a Forced record along its own tokens (greedy: the token is the top-1)."""
+        if self.logits is not None:
+            return Forced.from_logits(self.logits, self.token_ids, self.top_ids.shape[-1])
+        return Forced(np.asarray(self.top_logprobs, np.float64)[:, 0], np.asarray(self.top_ids),
+                      np.asarray(self.top_logprobs, np.float64))
 
-@runtime_checkable
-class Engine(Protocol):
+
+# ---- what an engine can show ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can show, typed and frozen. A check that needs something false here reports it as
+    "not checked" (and, where it is listed in `blocking`/`forced_blocking`, cannot PASS)."""
+
+    logits: bool = False  # full-vocabulary logits: score(), generate(want_logits=True), forced_topk(want_logits=True)
+    taps: bool = False  # score(want_taps=True) and step_taps(): per-layer residual streams (bisection)
+    gen_logprobs: bool = True  # generate's top_logprobs are the engine's (else NaN)
+    forced: bool = True  # forced_topk works; else it raises saying why (forced_refusal)
+    forced_path: str = "decode"  # what forced_topk scores with: "decode", "prefill" or "unstated"
+    forced_refusal: str = ""  # why forced_topk is unavailable, in one line
+    stop_strings: bool = False  # generate(stop_strings=...) is honoured by the engine itself
+    runs_past_eos: bool = True  # generate without stop ids runs past end-of-turn (a server may not)
+    blocking: tuple[str, ...] = ()  # could not be shown about this engine: no PASS over it
+    forced_blocking: tuple[str, ...] = ()  # could not be shown about forced_topk: no PASS of checks using it
+    notes: tuple[str, ...] = ()  # said in results, blocks nothing
+    findings: tuple[tuple[str, bool | None, str], ...] = ()  # (name, ok, how it was established)
+
+    def not_checked(self, uses_forced: bool) -> list[str]:
+        """What blocks a PASS of a check over this engine (that uses forced_topk or not)."""
+        return list(self.blocking) + (list(self.forced_blocking) if uses_forced else [])
+
+    def report(self) -> dict:
+        """For result files (`engine_capabilities`): each finding's ok and detail."""
+        if self.findings:
+            return {n: {"ok": ok, "detail": d} for n, ok, d in self.findings}
+        flags = {"logits": self.logits, "taps": self.taps, "gen_logprobs": self.gen_logprobs,
+                 "forced": self.forced, "stop_strings": self.stop_strings}
+        return {n: {"ok": v, "detail": "declared by the engine"} for n, v in flags.items()} | {
+            "forced_path": {"ok": True, "detail": self.forced_path}}
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the user asked for an engine: its precision mode, a fault (self-test aid) and, for engines
+    that talk to a server, where it is (engines.openai.client.Remote)."""
+
+    dtype: str = "float32"
+    fault: str | None = None
+    remote: object | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class Engine(abc.ABC):
+    """Subclass this to plug an engine in (see examples/numpy-engine). Set name, config, dtype,
+    weights_sha256 and capabilities in __init__; implement create, fingerprint, generate, forced_topk."""
+
+    faults: ClassVar[tuple[str, ...]] = ()  # fault names create() accepts (CLI --fault choices)
+    takes_remote: ClassVar[bool] = False  # create() needs options.remote (a server URL)
     name: str
     config: Config
     dtype: str
-    capabilities: frozenset[str]
+    weights_sha256: str | None
+    capabilities: Capabilities
+    max_batch: int = 8  # rows per call that evalsuite sends at once
 
-    def score(self, seqs: Sequence[Sequence[int]], want_taps: bool = False) -> list[Scored]: ...
+    @classmethod
+    @abc.abstractmethod
+    def create(cls, model, options: EngineOptions) -> Engine:
+        """Build the engine for a loaded model (evalsuite.registry.Model: name, weights, tokenizer, config)."""
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 stop_ids: Sequence[int] = (), top_k: int = 5,
-                 want_logits: bool = False, stop_check: StopCheck | None = None) -> list[Generation]: ...
+    @property
+    @abc.abstractmethod
+    def fingerprint(self) -> str:
+        """What the engine IS, for reuse decisions: a change to it must change this string."""
 
-    def decode_forced(self, prompts: Sequence[Sequence[int]],
-                      continuations: Sequence[Sequence[int]]) -> list[np.ndarray]: ...
+    @abc.abstractmethod
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int] = (),
+                 top_k: int = 5, want_logits: bool = False, stop_check: StopCheck | None = None,
+                 stop_strings: Sequence[str] = ()) -> list[Generation]: ...
 
+    @abc.abstractmethod
+    def forced_topk(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], k: int = 5,
+                    want_logits: bool = False) -> list[Forced]:
+        """Per row, continuation[j] scored from prompt + continuation[:j] by the engine's decode path."""
 
-DTYPES = ("float32", "bfloat16")
-# stop_check(generated_ids) -> True ends that row (finish_reason "stop"), e.g. when the decoded text
-# contains a stop string: rows stop generating at once instead of running to max_new_tokens.
-StopCheck = Callable[[list[int]], bool]
+    def score(self, seqs: Sequence[Sequence[int]], want_taps: bool = False) -> list[Scored]:
+        raise ModelError(f"engine {self.name} offers no full-vocabulary logits")
 
-
-def next_pow2(n: int, minimum: int = 1) -> int:
-    """Smallest power of two >= max(n, minimum): the shape buckets that bound recompilation."""
-    n = max(n, minimum)
-    return 1 << (n - 1).bit_length()
+    def step_taps(self, prompts: Sequence[Sequence[int]], next_ids: Sequence[int]) -> np.ndarray:
+        raise ModelError(f"engine {self.name} offers no per-layer taps")
 
 
 def source_fingerprint(package_dir, spec: dict) -> str:
     """What an in-process engine IS, for reuse decisions: sha256 over the engine's own source files
     (its package and the shared engines/*.py it runs on), the jax/jaxlib versions and its static spec
     (dtype, fault, tile sizes...). Changing one line of the kernel changes it."""
-    import hashlib
     import json
     from importlib.metadata import version
-    from pathlib import Path
 
     h = hashlib.sha256()
     shared = Path(__file__).resolve().parent

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
 
+from engines.base import file_sha256  # noqa: F401  (one definition, streamed)
 from engines.config import Config
 from engines.errors import ModelError
 from engines.weights import Weights
@@ -22,14 +22,6 @@ _PER_LAYER = {  # GGUF name inside blk.N -> (container name, transpose to (in, o
     "ffn_up.weight": ("up", True),
     "ffn_down.weight": ("down", True),
 }
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_gguf(path: Path):

@@ -14,8 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from engines.base import Generation, next_pow2
-from engines.errors import ModelError
+from engines.base import Forced, Generation, check_prompts, next_pow2  # noqa: F401  (check_prompts re-exported)
 
 MIN_PREFILL_BUCKET = 16  # prefill lengths round up to powers of two from here: few compilations
 # Padded prefill tokens (rows x bucketed length) per call. Prefill attention holds [rows, heads, T, T]
@@ -43,7 +42,7 @@ def batches(lengths: Sequence[int], max_rows: int, token_budget: int = PREFILL_T
     return out
 
 
-def _pad(prompts: Sequence[Sequence[int]], extra: int):
+def pad(prompts: Sequence[Sequence[int]], extra: int):
     n = len(prompts)
     B = next_pow2(n)  # pad the batch too: 1..8 rows compile 4 shapes, not 8
     lengths = np.array([len(p) for p in prompts] + [1] * (B - n), np.int32)
@@ -77,12 +76,12 @@ def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence
     n = len(prompts)
     if extend is not None and prefix_len > 0:
         P = prefix_len
-        tokens, lengths, _ = _pad([p[P:] for p in prompts], max_new)
+        tokens, lengths, _ = pad([p[P:] for p in prompts], max_new)
         S = next_pow2(max(next_pow2(P, MIN_PREFILL_BUCKET), P + tokens.shape[1], P + int(lengths.max()) + max_new))
         nxt, ti, tv, lg, state = extend(tuple(int(t) for t in prompts[0][:P]), tokens, lengths, S, k, want_logits)
         pos = lengths + P
     else:
-        tokens, lengths, S = _pad(prompts, max_new)
+        tokens, lengths, S = pad(prompts, max_new)
         nxt, ti, tv, lg, state = prefill(tokens, lengths, S, k, want_logits)
         pos = lengths.copy()
     ids: list[list[int]] = [[] for _ in range(n)]
@@ -125,7 +124,7 @@ def forced_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence
     """Per row logits [N, V]: row j predicts continuation[j] from prompt + continuation[:j]."""
     n = len(prompts)
     n_max = max(len(x) for x in continuations)
-    tokens, lengths, S = _pad(prompts, n_max)
+    tokens, lengths, S = pad(prompts, n_max)
     forced = np.zeros((len(lengths), n_max), np.int32)
     for r, x in enumerate(continuations):
         forced[r, :len(x)] = x
@@ -136,21 +135,6 @@ def forced_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence
         steps.append(np.asarray(lg))
     stacked = np.stack(steps, axis=1)  # [B, n_max, V]
     return [stacked[r, :len(continuations[r])] for r in range(n)]
-
-
-def check_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_context: int, max_new: int) -> None:
-    """Raise ModelError for an empty prompt, an id outside the vocabulary or too long a request."""
-    if max_new < 1:
-        raise ModelError(f"max_new_tokens must be >= 1, got {max_new}")
-    for i, p in enumerate(prompts):
-        if len(p) == 0:
-            raise ModelError(f"prompt {i} is empty")
-        bad = [t for t in p if not 0 <= int(t) < vocab]
-        if bad:
-            raise ModelError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {vocab})")
-        if len(p) + max_new > max_context:
-            raise ModelError(f"prompt {i} has {len(p)} tokens; with max_new_tokens {max_new} it "
-                             f"exceeds the model's context of {max_context}")
 
 
 def greedy_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,
@@ -176,3 +160,20 @@ def forced_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[i
     for idx in batches([len(p) for p in prompts], max_rows):
         out.extend(forced_batch(prefill, decode, [prompts[i] for i in idx], [continuations[i] for i in idx]))
     return out
+
+
+def forced_from_decode(decode_forced: Callable, prompts: Sequence[Sequence[int]],
+                       continuations: Sequence[Sequence[int]], k: int, want_logits: bool) -> list[Forced]:
+    """engines.base.Engine.forced_topk for an engine with a teacher-forced decode loop
+    (decode_forced(prompts, continuations) -> logits [N, V] per row): each prompt but its last token is
+    prefilled, then that token and the continuation are fed by decode steps, so every continuation token
+    is scored by the decode path (for a megakernel: by the kernel). A one-token prompt is prefilled as
+    it is (its first continuation token then comes from the prefill)."""
+    pre, cont, drop = [], [], []
+    for p, x in zip(prompts, continuations):
+        two = len(p) >= 2
+        pre.append(list(p[:-1]) if two else list(p))
+        cont.append(([int(p[-1])] if two else []) + [int(t) for t in x])
+        drop.append(1 if two else 0)
+    logits = decode_forced(pre, cont)
+    return [Forced.from_logits(lg[d:], x, k, want_logits) for lg, d, x in zip(logits, drop, continuations)]

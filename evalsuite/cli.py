@@ -7,12 +7,16 @@ import sys
 
 import click
 
+from engines.base import DTYPES
 from engines.errors import ModelError
 from evalsuite.errors import SpecError
 from evalsuite.verdict import exit_code
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_PROMPT = "The capital of France is"
+FAULT_HELP = ("Fault injection, a self-test aid: one of the engine's own faults (`evalsuite engines` lists them; "
+              "the megakernel's include drop_layer, stale_feedback).")
+ENGINE_HELP = "An installed engine (`evalsuite engines` lists them: reference, megakernel, openai and plugins)."
 
 
 def remote_options(f):
@@ -83,8 +87,20 @@ def models(as_json: bool) -> None:
                    f"  {r['source']}")
 
 
+@main.command("engines")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON list.")
+def engines_cmd(as_json: bool) -> None:
+    """List the installed engines (entry-point group evalsuite.engines): built-in and plugins."""
+    from evalsuite.engines import describe
+    from evalsuite.report import engines_text
+
+    rows = describe()
+    click.echo(json.dumps(rows, indent=1) if as_json else engines_text(rows))
+    sys.exit(0 if all(r["ok"] for r in rows) else 2)
+
+
 @main.command()
-@click.option("--engine", default="reference", show_default=True, help="Engine to run.")
+@click.option("--engine", default="reference", show_default=True, help=ENGINE_HELP)
 @click.option("--model", default=DEFAULT_MODEL, show_default=True,
               help="Registry name or a Hugging Face checkpoint directory.")
 @click.option("--prompt", default=DEFAULT_PROMPT, show_default=True, help="Prompt text.")
@@ -93,10 +109,8 @@ def models(as_json: bool) -> None:
 @click.option("--no-stop", is_flag=True, help="Generate exactly --max-new-tokens, ignoring EOS.")
 @click.option("--top-logprobs", default=5, show_default=True, type=click.IntRange(1, 100))
 @click.option("--dtype", default="float32", show_default=True,
-              type=click.Choice(["float32", "bfloat16"]))
-@click.option("--fault", default=None,
-              help="Megakernel fault injection, a self-test aid: rope_off_by_one, kv_stale, drop_layer, "
-                   "bf16_residual, router_second_choice (MoE only).")
+              type=click.Choice(DTYPES))
+@click.option("--fault", default=None, help=FAULT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @remote_options
 def generate(engine, model, prompt, chat, max_new_tokens, no_stop, top_logprobs, dtype, fault,
@@ -118,16 +132,16 @@ def _progress(msg: str) -> None:
 
 
 @main.command()
-@click.option("--engine", default="megakernel", show_default=True, help="Engine under test.")
+@click.option("--engine", default="megakernel", show_default=True, help=ENGINE_HELP)
 @click.option("--against", default="reference", show_default=True, help="The judge (float32).")
 @click.option("--model", default=DEFAULT_MODEL, show_default=True)
 @click.option("--prompts", default="builtin", show_default=True,
               help="Built-in prompt set (builtin, quick) or a JSONL file.")
 @click.option("--max-new-tokens", default=32, show_default=True, type=int)
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]),
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPES),
               help="The engine's precision mode; the reference always runs float32.")
 @click.option("--batch", default=8, show_default=True, type=int, help="Rows per engine call (1-8).")
-@click.option("--fault", default=None, help="Megakernel fault injection (self-test aid).")
+@click.option("--fault", default=None, help=FAULT_HELP)
 @click.option("--noise-tol", default=None, type=float, help="Override the dtype's noise tolerance.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
@@ -139,43 +153,16 @@ def diff(engine, against, model, prompts, max_new_tokens, dtype, batch, fault, n
     from pathlib import Path
 
     from evalsuite.compare.diff import DiffSpec, run_diff
-    from evalsuite.report import diff_report
+    from evalsuite.report import diff_report, diff_slim, diff_text
 
     spec = DiffSpec(engine=engine, against=against, model=model, prompts=prompts,
                     max_new_tokens=max_new_tokens, dtype=dtype, batch=batch, fault=fault, noise_tol=noise_tol,
                     remote=_remote(base_url, served_model, api_key_env, api_timeout))
-    result = run_diff(spec, _progress)
+    result = run_diff(spec, _progress).to_json()
     if report_dir:
         for p in diff_report(result, Path(report_dir)):
             _progress(f"wrote {p}")
-    if as_json:
-        slim = {k: v for k, v in result.items() if k != "per_prompt"}
-        slim["per_prompt"] = [{k: v for k, v in p.items() if k not in ("tf", "per_position")}
-                              | {"max_dlogit": p["tf"]["max_dlogit"], "max_dlogprob": p["tf"]["max_dlogprob"]}
-                              for p in result["per_prompt"]]
-        click.echo(json.dumps(slim))
-    else:
-        click.echo(f"{result['verdict']}: {result['engine']} ({result['dtype']}, fault={result['fault']}) vs "
-                   f"reference on {result['model']}: {result['real_mismatches']} real mismatches, "
-                   f"{result['benign_divergences']} benign divergences over {result['positions']} positions "
-                   f"({result['prompts_identical']}/{result['prompts']} prompts identical); "
-                   f"noise tolerance {result['noise_tolerance']}")
-        for k, v in result.get("tolerance_overrides", {}).items():
-            click.echo(f"tolerance overridden: {k} {v['used']} (measured default {v['default']})")
-        d = result.get("bf16_drift") or {}
-        if d.get("checked"):
-            click.echo(f"bf16 drift: ratio {d['ratio']:.2f} to the reference's bf16 recipe (bound {d['bound']})")
-        ch = result.get("character")
-        if ch and ch["kind"] != "none":
-            click.echo(f"what kind of difference: {ch['kind']}: {ch['explanation']}")
-        for note in result.get("not_checked", []):
-            click.echo(f"NOT CHECKED (no PASS without it): {note}")
-        for note in result.get("checks_not_possible", []):
-            click.echo(f"not checked: {note}")
-        b = result["bisection"]
-        if b:
-            click.echo(f"bisection: prompt {b['prompt']} position {b['position']}: first layer out of "
-                       f"tolerance {b['layer']}")
+    click.echo(json.dumps(diff_slim(result)) if as_json else diff_text(result))
     sys.exit(exit_code(result["verdict"]))
 
 
@@ -198,37 +185,23 @@ def golden_update(models_) -> None:
 @golden.command("check")
 @click.option("--model", "models_", multiple=True, help="Model(s); default: every model with golden settings.")
 @click.option("--engine", default="reference", show_default=True)
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
-@click.option("--fault", default=None, help="Megakernel fault injection (self-test aid).")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPES))
+@click.option("--fault", default=None, help=FAULT_HELP)
 @click.option("--json", "as_json", is_flag=True)
 @remote_options
 def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model, api_key_env, api_timeout) -> None:
     """Compare an engine with the golden files. Exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE (not checked)."""
     from evalsuite import golden as g
-
-    results = {}
-    remote = _remote(base_url, served_model, api_key_env, api_timeout)
-    for m in models_ or tuple(g.DEFAULTS):
-        _progress(f"golden: checking {engine} on {m}")
-        results[m] = g.check(m, engine, dtype, fault, remote=remote)
+    from evalsuite.report import golden_text
     from evalsuite.verdict import combine
 
-    verdict = combine(r.verdict for r in results.values())
-    if as_json:
-        click.echo(json.dumps({"verdict": verdict, "models": {
-            m: {"verdict": r.verdict, "ok": r.ok, "problems": r.problems, "summary": r.summary,
-                "not_checked": r.not_checked} for m, r in results.items()}}))
-    else:
-        for m, r in results.items():
-            s = r.summary
-            figures = (f" ({s['positions']} positions, max |Δlogprob| {s['max_dlogprob']:.2e})" if s else "")
-            click.echo(f"{r.verdict} {m}{figures}")
-            for p in r.problems:
-                click.echo(f"  {p}")
-            for n in r.not_checked:
-                click.echo(f"  not checked: {n}")
-            if s and s.get("note"):
-                click.echo(f"  note: {s['note']}")
+    remote = _remote(base_url, served_model, api_key_env, api_timeout)
+    results = {}
+    for m in models_ or tuple(g.DEFAULTS):
+        _progress(f"golden: checking {engine} on {m}")
+        results[m] = g.check(m, engine, dtype, fault, remote=remote).to_json()
+    verdict = combine(r["verdict"] for r in results.values())
+    click.echo(json.dumps({"verdict": verdict, "models": results}) if as_json else golden_text(results))
     sys.exit(exit_code(verdict))
 
 
@@ -242,8 +215,8 @@ def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model,
 @click.option("--limit", default=None, type=int, help="First N items only.")
 @click.option("--data-dir", default=None, help="Real data in the hub schema (parquet/CSV/JSONL).")
 @click.option("--output", default="runs/latest", show_default=True, help="Run folder (resumable).")
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
-@click.option("--fault", default=None, help="Megakernel fault injection (self-test aid).")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPES))
+@click.option("--fault", default=None, help=FAULT_HELP)
 @click.option("--margin", default=0.02, show_default=True, type=float, help="Non-inferiority margin (share).")
 @click.option("--seed", default=0, show_default=True, type=int, help="lm-eval seeds (random, numpy, torch, fewshot).")
 @click.option("--json", "as_json", is_flag=True)
@@ -257,21 +230,18 @@ def run_cmd(task, variant, engine, against, model, limit, data_dir, output, dtyp
     spec = RunSpec(task=task, variant=variant, engine=engine, against=against, model=model, limit=limit,
                    data_dir=data_dir, output=output, dtype=dtype, fault=fault, margin=margin, seed=seed,
                    remote=_remote(base_url, served_model, api_key_env, api_timeout))
-    r = run_benchmark(spec, _progress)
-    if as_json:
-        click.echo(json.dumps(r))
-    else:
-        from evalsuite.report import run_text
+    from evalsuite.report import run_text
 
-        click.echo(run_text(r))
+    r = run_benchmark(spec, _progress).to_json()
+    click.echo(json.dumps(r) if as_json else run_text(r))
     sys.exit(exit_code(r["verdict"]))
 
 
 @main.command()
-@click.option("--engine", default="reference", show_default=True, help="reference or megakernel.")
+@click.option("--engine", default="reference", show_default=True, help=ENGINE_HELP)
 @click.option("--model", default=DEFAULT_MODEL, show_default=True)
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
-@click.option("--fault", default=None, help="Megakernel fault injection (self-test aid).")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPES))
+@click.option("--fault", default=None, help=FAULT_HELP)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--served-model-name", default=None, help="Model id in the API (default: --model).")
@@ -279,10 +249,11 @@ def serve(engine, model, dtype, fault, host, port, served_model_name) -> None:
     """Serve ENGINE over an OpenAI-compatible HTTP API (vLLM's shapes) until interrupted."""
     import socket
 
+    from evalsuite.engines import engine_class
     from evalsuite.serve import serve as run_server
 
-    if engine == "openai":
-        raise SpecError("serve: --engine openai would serve a server; pick reference or megakernel")
+    if engine_class(engine).takes_remote:
+        raise SpecError(f"serve: --engine {engine} is itself a server client; pick an in-process engine")
     try:  # a busy port is a one-line error, not uvicorn's traceback after the model has loaded
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -296,7 +267,7 @@ def serve(engine, model, dtype, fault, host, port, served_model_name) -> None:
                                            "help_option_names": []})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def lm_eval_cmd(args) -> None:
-    """lm-eval's own command line with evalsuite-reference, evalsuite-megakernel and evalsuite-openai registered."""
+    """lm-eval's own command line with `evalsuite` (engine=NAME) and evalsuite-NAME for every installed engine."""
     from lm_eval.__main__ import cli_evaluate
 
     import evalsuite.bench.adapter  # noqa: F401  (registers the models)
@@ -308,8 +279,8 @@ def lm_eval_cmd(args) -> None:
 @main.command()
 @click.option("--model", default=DEFAULT_MODEL, show_default=True)
 @click.option("--engine", default="megakernel", show_default=True)
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
-@click.option("--fault", default=None, help="Megakernel fault injection (self-test aid).")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPES))
+@click.option("--fault", default=None, help=FAULT_HELP)
 @click.option("--output", default="reports/verify", show_default=True)
 @click.option("--tasks", default="sanity,gsm8k,gpqa", show_default=True, help="Benchmarks to run (comma-separated).")
 @click.option("--data-dir", default=None, help="Real gsm8k/gpqa data (hub schema) instead of the bundled samples.")
@@ -329,13 +300,12 @@ def verify(model, engine, dtype, fault, output, tasks, data_dir, limit, prompts,
     bad = [t for t in names if t not in VARIANTS]
     if bad or not names:
         raise SpecError(f"--tasks {tasks!r}: unknown {bad or 'empty'}; expected some of {', '.join(VARIANTS)}")
+    from evalsuite.report import verify_markdown
+
     r = run_verify(model, engine, dtype, fault, Path(output), _progress,
                    _remote(base_url, served_model, api_key_env, api_timeout), tasks=names, data_dir=data_dir,
-                   limit=limit, prompts=prompts)
-    if as_json:
-        click.echo(json.dumps(r))
-    else:
-        click.echo(Path(output, "report.md").read_text())
+                   limit=limit, prompts=prompts).to_json()
+    click.echo(json.dumps(r) if as_json else verify_markdown(r))
     sys.exit(exit_code(r["verdict"]))
 
 

@@ -1,55 +1,106 @@
-"""Build an engine by name for a loaded model (the one place the CLI picks an implementation)."""
+"""The engine list, defined once: every class declared under the `evalsuite.engines` entry-point group
+(the built-in reference, megakernel and openai engines are declared in pyproject.toml the same way a
+user's package declares its own). `make_engine` is the one place an engine is built."""
 
 from __future__ import annotations
 
+import difflib
+import inspect
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+
+from engines.base import Engine, EngineOptions
 from engines.errors import ModelError
 from evalsuite.registry import Model
 
-ENGINES = ("reference", "megakernel", "openai")
+GROUP = "evalsuite.engines"
 
 
-def make_engine(name: str, model: Model, dtype: str = "float32", fault: str | None = None, remote=None):
-    """An object implementing engines.base.Engine. fault: megakernel self-test aid (off by default).
-    remote (engines.openai.client.Remote): where the openai engine's server is."""
-    if name != "openai" and remote is not None and remote.base_url:
-        raise ModelError(f"--base-url applies to --engine openai, not {name}")
-    if name == "openai":
-        if fault:
-            raise ModelError("--fault applies to the megakernel engine only (start `evalsuite serve --fault F`)")
-        if remote is None or not remote.base_url:
-            raise ModelError("--engine openai needs --base-url URL (e.g. http://127.0.0.1:8000/v1)")
-        from engines.openai import OpenAIEngine
-
-        return OpenAIEngine(remote, model.config, model.tokenizer, dtype)
-    if name == "reference":
-        if fault:
-            raise ModelError("--fault applies to the megakernel engine only")
-        from engines.reference import ReferenceEngine
-
-        return ReferenceEngine(model.weights, dtype)
-    if name == "megakernel":
-        from engines.megakernel import MegakernelEngine
-
-        return MegakernelEngine(model.weights, dtype, fault=fault)
-    import difflib
-
-    close = difflib.get_close_matches(name, ENGINES, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ModelError(f"unknown engine {name!r}{hint} (expected one of {', '.join(ENGINES)})")
+@dataclass(frozen=True)
+class Plugin:
+    name: str
+    target: str  # module:Class
+    distribution: str | None  # the installed package that declares it
+    version: str | None
 
 
-def capability_report(eng) -> dict:
-    """What the engine can do, for result files: an API engine's probe findings (ok + detail each),
-    or the in-process engine's declared capabilities."""
-    if eng.name == "openai":
-        return eng.capability_report()
-    return {c: {"ok": True, "detail": "declared by the in-process engine"} for c in sorted(eng.capabilities)}
+def plugins() -> dict[str, Plugin]:
+    """Every declared engine by name (not imported yet)."""
+    out = {}
+    for ep in entry_points(group=GROUP):
+        dist = ep.dist
+        out.setdefault(ep.name, Plugin(ep.name, ep.value, dist.name if dist else None, dist.version if dist else None))
+    if not out:
+        raise ModelError(f"no engines are declared under the {GROUP!r} entry-point group: evalsuite's own "
+                         "install is missing its metadata (rerun `bash install.sh` or `pip install -e .`)")
+    return out
 
 
-def not_checked(eng, uses_echo: bool) -> list[str]:
-    """What could not be shown about this engine and so blocks a PASS: for a server, prompt
-    tokenization it could not confirm, and (where echo logprobs are used) an echo path it does not
-    state or whose consistency could not be measured. In-process engines: nothing."""
-    if eng.name != "openai":
-        return []
-    return list(eng.prompt_not_checked) + (list(eng.echo_not_checked) if uses_echo else [])
+def names() -> tuple[str, ...]:
+    return tuple(sorted(plugins()))
+
+
+def engine_class(name: str) -> type[Engine]:
+    """The engine class declared as `name`, imported; a one-line error for an unknown name, a plugin that
+    fails to import, or a class that is not a complete engines.base.Engine."""
+    known = plugins()
+    if name not in known:
+        close = difflib.get_close_matches(name, list(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ModelError(f"unknown engine {name!r}{hint} (installed: {', '.join(sorted(known))}; "
+                         "`evalsuite engines` lists them)")
+    p = known[name]
+    ep = next(e for e in entry_points(group=GROUP) if e.name == name)
+    try:
+        cls = ep.load()
+    except Exception as e:  # whatever a user's module raises on import
+        raise ModelError(f"engine plugin {name!r} ({p.target}) failed to import: {type(e).__name__}: {e}") from None
+    if not (inspect.isclass(cls) and issubclass(cls, Engine)):
+        raise ModelError(f"engine plugin {name!r} ({p.target}) is not a subclass of engines.base.Engine")
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(cls.__abstractmethods__))
+        raise ModelError(f"engine plugin {name!r} ({p.target}) does not implement {missing}")
+    return cls
+
+
+def make_engine(name: str, model: Model, dtype: str = "float32", fault: str | None = None, remote=None) -> Engine:
+    """An engines.base.Engine. fault: a self-test aid, one of the engine class's `faults`. remote
+    (engines.openai.client.Remote): where a server engine's server is."""
+    cls = engine_class(name)
+    if fault is not None and fault not in cls.faults:
+        offered = f"one of {', '.join(cls.faults)}" if cls.faults else "none (it has no fault injection)"
+        raise ModelError(f"--fault {fault!r}: engine {name} accepts {offered}")
+    if remote is not None and remote.base_url and not cls.takes_remote:
+        raise ModelError(f"--base-url applies to a server engine (e.g. openai), not {name}")
+    if cls.takes_remote and (remote is None or not remote.base_url):
+        raise ModelError(f"--engine {name} needs --base-url URL (e.g. http://127.0.0.1:8000/v1)")
+    eng = cls.create(model, EngineOptions(dtype=dtype, fault=fault, remote=remote))
+    if not isinstance(eng, Engine):
+        raise ModelError(f"engine plugin {name!r}: create() returned {type(eng).__name__}, not an engines.base.Engine")
+    return eng
+
+
+def describe() -> list[dict]:
+    """For `evalsuite engines`: each declared engine, whether it loads, and what it offers."""
+    rows = []
+    for name, p in sorted(plugins().items()):
+        row = {"name": name, "target": p.target, "distribution": p.distribution, "version": p.version}
+        try:
+            cls = engine_class(name)
+            row |= {"ok": True, "faults": list(cls.faults), "server": cls.takes_remote,
+                    "doc": " ".join((inspect.getdoc(cls) or "").split("\n\n")[0].split())}
+        except ModelError as e:
+            row |= {"ok": False, "error": str(e)}
+        rows.append(row)
+    return rows
+
+
+def fault_names() -> list[str]:
+    """Every fault some installed engine accepts (for --fault's help)."""
+    out: list[str] = []
+    for name in names():
+        try:
+            out += [f for f in engine_class(name).faults if f not in out]
+        except ModelError:
+            pass
+    return out

@@ -11,18 +11,16 @@ and how to regenerate.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from evalsuite.compare import metrics
-from evalsuite.compare.rule import LOGPROB_TOL, NOISE_TOL
-from evalsuite.engines import capability_report
-from evalsuite.engines import not_checked as engine_not_checked
+from engines.base import Forced
+from evalsuite.compare.rule import Tolerances, compare_prompt
 from evalsuite.errors import SpecError
 from evalsuite.prompts import load_prompts
 from evalsuite.registry import load_model
+from evalsuite.results import GoldenResult
 from evalsuite.versions import versions
 
 FORMAT_VERSION = 1
@@ -35,8 +33,10 @@ REGENERATE = "regenerate with: evalsuite golden update --model {model}  (or pyte
 
 
 def golden_dir() -> Path:
-    """golden/ at the project root (next to evalsuite/)."""
-    return Path(__file__).resolve().parent.parent / "golden"
+    """The golden/ package's folder (at the project root in a checkout, in site-packages in a wheel)."""
+    from importlib.resources import files
+
+    return Path(str(files("golden")))
 
 
 def golden_path(model: str, directory: Path | None = None) -> Path:
@@ -78,36 +78,27 @@ def update(model_name: str, directory: Path | None = None) -> Path:
     return path
 
 
-@dataclass
-class CheckResult:
-    ok: bool
-    problems: list[str]
-    summary: dict
-    not_checked: list[str] = field(default_factory=list)
-
-    @property
-    def verdict(self) -> str:
-        """FAIL on any problem; INCONCLUSIVE when something a PASS needs was not checked."""
-        return "FAIL" if not self.ok else "INCONCLUSIVE" if self.not_checked else "PASS"
+def _failed(model: str, problems: list[str]) -> GoldenResult:
+    return GoldenResult(model=model, ok=False, problems=tuple(problems))
 
 
 def check(model_name: str, engine_name: str = "reference", dtype: str = "float32", fault: str | None = None,
-          directory: Path | None = None, remote=None) -> CheckResult:
+          directory: Path | None = None, remote=None) -> GoldenResult:
     from evalsuite.engines import make_engine
 
     set_name, n = _settings(model_name)
     path = golden_path(model_name, directory)
     regen = REGENERATE.format(model=model_name)
     if not path.is_file():
-        return CheckResult(False, [f"missing golden file {path}; {regen}"], {})
+        return _failed(model_name, [f"missing golden file {path}; {regen}"])
     try:
         doc = json.loads(path.read_text())
         header, entries = doc["header"], doc["entries"]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        return CheckResult(False, [f"unreadable golden file {path} ({e}); {regen}"], {})
+        return _failed(model_name, [f"unreadable golden file {path} ({e}); {regen}"])
     if doc.get("format_version") != FORMAT_VERSION:
-        return CheckResult(False, [f"{path}: format_version {doc.get('format_version')} != {FORMAT_VERSION}; "
-                                   f"{regen}"], {})
+        return _failed(model_name, [f"{path}: format_version {doc.get('format_version')} != {FORMAT_VERSION}; "
+                                   f"{regen}"])
     model = load_model(model_name)
     pset = load_prompts(set_name)
     problems: list[str] = []
@@ -117,7 +108,7 @@ def check(model_name: str, engine_name: str = "reference", dtype: str = "float32
     if header.get("settings", {}).get("max_new_tokens") != n or header.get("settings", {}).get("top_k") != TOP_K:
         stale.append(f"settings: golden {header.get('settings')} != current max_new_tokens {n}, top_k {TOP_K}")
     if stale:
-        return CheckResult(False, [f"stale golden {path}: " + "; ".join(stale) + f"; {regen}"], {})
+        return _failed(model_name, [f"stale golden {path}: " + "; ".join(stale) + f"; {regen}"])
     want_ids = [p.id for p in pset.prompts]
     missing = [i for i in want_ids if i not in entries]
     unused = [i for i in entries if i not in want_ids]
@@ -126,59 +117,43 @@ def check(model_name: str, engine_name: str = "reference", dtype: str = "float32
     if unused:
         problems.append(f"unused golden entries {unused} in {path} (not in prompt set {set_name}); {regen}")
     if problems:
-        return CheckResult(False, problems, {})
+        return _failed(model_name, problems)
     eng = make_engine(engine_name, model, dtype, fault, remote)
     prompts = [entries[i]["prompt_token_ids"] for i in want_ids]
     for p, e, i in zip(pset.prompts, prompts, want_ids):
         if p.encode(model.tokenizer) != e:
             problems.append(f"entry {i}: prompt tokenizes differently now (tokenizer changed?); {regen}")
     if problems:
-        return CheckResult(False, problems, {})
+        return _failed(model_name, problems)
     conts = [entries[i]["token_ids"] for i in want_ids]
-    api = "logits" not in getattr(eng, "capabilities", ())
-    # Over an API (top-k logprobs only, via echo): the golden token's logprob and the engine's top-1
-    # are compared; full logits give every golden top-5 id's logprob.
-    forced = eng.forced_topk(prompts, conts, TOP_K) if api else eng.decode_forced(prompts, conts)
-    tol = NOISE_TOL[dtype]
-    mismatches, benign, dlp, total = [], 0, [], 0
+    caps = eng.capabilities
+    # the one comparator (evalsuite/compare/rule.py) along the golden tokens: the golden file is the judge's
+    # record (top-k), the engine is teacher-forced (full logits where it has them, else its top-k)
+    tol = Tolerances.for_dtype(dtype)
+    forced = eng.forced_topk(prompts, conts, TOP_K, want_logits=caps.logits)
+    mismatches, benign, dlp = [], 0, []
     for i, got in zip(want_ids, forced):
         ent = entries[i]
-        top_ids = np.asarray(ent["top_ids"])
-        gold_lp = np.asarray(ent["top_logprobs"])
-        if api:
-            tok_lp, e_ids, _ = got
-            d = np.abs(tok_lp - gold_lp[:, 0])
-            lp = None
-        else:
-            lp = metrics.log_softmax(got)
-            eng_lp = np.take_along_axis(lp, top_ids, axis=-1)
-            d = np.abs(eng_lp - gold_lp).max(axis=-1)
-        dlp.extend(d.tolist())
-        total += len(d)
-        for j, (tok, arg) in enumerate(zip(ent["token_ids"], e_ids[:, 0] if api else lp.argmax(-1))):
-            # a flip is benign only when both the pinned token and the engine's are in the golden
-            # top-k, the engine's within the noise tolerance of the pinned one, and the position's
-            # logprobs within bounds
-            row = [int(x) for x in top_ids[j]]
-            within = d[j] <= LOGPROB_TOL[dtype]
-            near = (int(arg) in row and int(tok) in row
-                    and gold_lp[j, row.index(int(tok))] - gold_lp[j, row.index(int(arg))] < tol)
-            if arg != tok and near and within:
-                benign += 1
-            elif arg != tok or not within:
-                mismatches.append((i, j))
+        vals, ids = np.asarray(ent["top_logprobs"], np.float64), np.asarray(ent["top_ids"])
+        tok_lp = [vals[j, list(ids[j]).index(t)] if t in ids[j] else -np.inf for j, t in enumerate(ent["token_ids"])]
+        judge = Forced(np.asarray(tok_lp), ids, vals)  # the pinned token's logprob (-inf: not in the top-k)
+        rec = compare_prompt(ent["token_ids"], judge, got, None, tol)
+        dlp.extend(rec["tf"]["dlogprob"])
+        benign += len(rec["benign_positions"])
+        mismatches += [(i, j) for j in rec["real_positions"]]
+    total = len(dlp)
     summary = {"positions": total, "mismatching_positions": len(mismatches),
                "mismatch_share": len(mismatches) / max(total, 1), "benign_divergences": benign,
-               "max_dlogprob": float(np.max(dlp)), "mean_dlogprob": float(np.mean(dlp)),
+               "max_dlogprob": float(np.nanmax(dlp)), "mean_dlogprob": float(np.nanmean(dlp)),
                "engine": engine_name, "dtype": dtype, "fault": fault, "golden": str(path),
-               "note": ("over an API: the golden token's logprob and the engine's top-1 compared (echo prompt "
-                        f"logprobs, from the server's {getattr(eng, 'echo_path', None) or 'unstated'} path); other "
-                        "top-5 logprobs not available") if api else None}
+               "measure": ("|Δlogprob| of every golden top-5 id (the engine's full logits)" if caps.logits else
+                           f"|Δlogprob| of the golden token and the engine's top-1 (teacher-forced by its "
+                           f"{caps.forced_path} path); other top-5 logprobs not available"),
+               "engine_capabilities": caps.report()}
     if mismatches:
         where = ", ".join(f"{i}@{j}" for i, j in mismatches[:5]) + (" ..." if len(mismatches) > 5 else "")
         problems.append(f"{len(mismatches)}/{total} positions ({100 * len(mismatches) / total:.2f}%) mismatch "
                         f"the golden file ({where}); max |Δlogprob| {summary['max_dlogprob']:.3g}, mean "
                         f"{summary['mean_dlogprob']:.3g}. If the reference changed on purpose, {regen}")
-    not_checked = engine_not_checked(eng, uses_echo=True)
-    summary["engine_capabilities"] = capability_report(eng)
-    return CheckResult(not problems, problems, summary, not_checked)
+    return GoldenResult(model=model_name, ok=not problems, problems=tuple(problems), summary=summary,
+                        not_checked=tuple(caps.not_checked(uses_forced=True)))

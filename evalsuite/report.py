@@ -130,3 +130,98 @@ def _plot(r: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def verify_markdown(r: dict) -> str:
+    """The verify report for people (report.md)."""
+    parts, overall, warnings = r["parts"], r["verdict"], r["warnings"]
+    engine, dtype, fault, model = r["engine"], r["dtype"], r["fault"], r["model"]
+    d = parts["diff"]
+    tasks = [k for k in parts if k not in ("golden", "diff")]
+    lines = [f"# evalsuite verify: {engine} ({dtype}, fault={fault or 'none'}) on {model} — **{overall}**", "",
+             f"Benchmark data: {r.get('data', 'bundled samples')}.", "",
+             "| part | verdict | figures |", "|---|---|---|"]
+    g = parts["golden"]
+    lines.append(f"| golden | {g['verdict']} | " + (f"{g['summary'].get('positions', 0)} positions, max abs Δlogprob "
+                                                     f"{g['summary'].get('max_dlogprob', 0):.2e}" if g.get("summary")
+                                                     else "; ".join(g["problems"])) + " |")
+    lines.append(f"| diff | {d['verdict']} | {d['real_mismatches']} real, {d['benign_divergences']} benign, "
+                 f"{d['prompts_identical']}/{d['prompts']} prompts identical (diff/report.md) |")
+    for task in tasks:
+        p = parts[task]
+        acc = ", ".join(f"{k} {v:.3f}" for k, v in p["accuracy"].items())
+        sample = " (bundled sample)" if p["bundled_sample"] else f" ({p['dataset']})"
+        lines.append(f"| {task} | {p['verdict']} | {p['items']} items{sample}: {acc}; b={p['paired']['b']} "
+                     f"c={p['paired']['c']}, loss <= {p['paired']['loss_upper']:.3f} at 97.5% |")
+    if overall != "PASS":
+        lines += ["", f"**Why {overall}:**"]
+        for name, p in parts.items():
+            if p["verdict"] in ("FAIL", "INCONCLUSIVE"):
+                why = p["paired"]["explanation"] if "paired" in p else "; ".join(p.get("problems") or []) or \
+                    "; ".join(p.get("warnings") or []) or "see its section"
+                lines.append(f"- {name}: {why}" + (f". To settle it: {p['settle']}" if p.get("settle") else ""))
+    if warnings:
+        lines += ["", "**Warnings:**", *[f"- {w}" for w in warnings]]
+    return "\n".join(lines) + "\n"
+
+
+def diff_text(r: dict) -> str:
+    """`evalsuite diff`'s verdict and the lines that explain it."""
+    lines = [f"{r['verdict']}: {r['engine']} ({r['dtype']}, fault={r['fault']}) vs reference on {r['model']}: "
+             f"{r['real_mismatches']} real mismatches, {r['benign_divergences']} benign divergences over "
+             f"{r['positions']} positions ({r['prompts_identical']}/{r['prompts']} prompts identical); "
+             f"noise tolerance {r['noise_tolerance']}"]
+    for k, v in r.get("tolerance_overrides", {}).items():
+        lines.append(f"tolerance overridden: {k} {v['used']} (measured default {v['default']})")
+    d = r.get("bf16_drift") or {}
+    if d.get("checked"):
+        lines.append(f"bf16 drift: ratio {d['ratio']:.2f} to the reference's bf16 recipe (bound {d['bound']})")
+    ch = r.get("character")
+    if ch and ch["kind"] != "none":
+        lines.append(f"what kind of difference: {ch['kind']}: {ch['explanation']}")
+    lines += [f"NOT CHECKED (no PASS without it): {n}" for n in r.get("not_checked", [])]
+    lines += [f"not checked: {n}" for n in r.get("checks_not_possible", [])]
+    b = r.get("bisection")
+    if b:
+        lines.append(f"bisection: prompt {b['prompt']} position {b['position']}: first layer out of tolerance "
+                     f"{b['layer']}")
+    return "\n".join(lines)
+
+
+def diff_slim(r: dict) -> dict:
+    """`evalsuite diff --json`: the result without per-position arrays."""
+    slim = {k: v for k, v in r.items() if k != "per_prompt"}
+    slim["per_prompt"] = [{k: v for k, v in p.items() if k not in ("tf", "per_position")}
+                          | {"max_dlogit": p["tf"]["max_dlogit"], "max_dlogprob": p["tf"]["max_dlogprob"]}
+                          for p in r["per_prompt"]]
+    return slim
+
+
+def golden_text(results: dict) -> str:
+    """`evalsuite golden check`: per model its verdict, figures, problems and what was not checked."""
+    lines = []
+    for m, r in results.items():
+        s = r["summary"]
+        figures = f" ({s['positions']} positions, max |Δlogprob| {s['max_dlogprob']:.2e})" if s else ""
+        lines.append(f"{r['verdict']} {m}{figures}")
+        lines += [f"  {p}" for p in r["problems"]]
+        lines += [f"  not checked: {n}" for n in r["not_checked"]]
+        if s and s.get("measure"):
+            lines.append(f"  measure: {s['measure']}")
+    return "\n".join(lines)
+
+
+def engines_text(rows: list[dict]) -> str:
+    """`evalsuite engines`: what is installed under the evalsuite.engines entry-point group."""
+    lines = []
+    for r in rows:
+        src = f"{r['target']}  [{r['distribution'] or '?'} {r['version'] or ''}]".rstrip()
+        if r["ok"]:
+            faults = f"; faults: {', '.join(r['faults'])}" if r["faults"] else ""
+            kind = " (server: needs --base-url)" if r["server"] else ""
+            lines.append(f"{r['name']:<12} {src}{kind}{faults}")
+            if r["doc"]:
+                lines.append(f"{'':<12} {r['doc']}")
+        else:
+            lines.append(f"{r['name']:<12} {src}  BROKEN: {r['error']}")
+    return "\n".join(lines)

@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from evalsuite.report import diff_report, write_json
+from evalsuite.report import diff_report, verify_markdown, write_json
+from evalsuite.results import VerifyResult
 from evalsuite.verdict import combine
 from evalsuite.versions import versions
 
@@ -21,7 +22,7 @@ TASKS = ("sanity", "gsm8k", "gpqa")
 
 def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path,
                progress: Callable[[str], None], remote=None, tasks: tuple[str, ...] = TASKS,
-               data_dir: str | None = None, limit: int | None = None, prompts: str = "builtin") -> dict:
+               data_dir: str | None = None, limit: int | None = None, prompts: str = "builtin") -> VerifyResult:
     from evalsuite import golden
     from evalsuite.bench.run import RunSpec, run_benchmark
     from evalsuite.compare.diff import DiffSpec, run_diff
@@ -32,13 +33,13 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
     if model in golden.DEFAULTS:
         progress(f"verify: golden check ({engine})")
         g = golden.check(model, engine, dtype, fault, remote=remote)
-        parts["golden"] = {"verdict": g.verdict, "problems": g.problems, "summary": g.summary,
-                           "warnings": g.not_checked}
+        parts["golden"] = {"verdict": g.verdict, "problems": list(g.problems), "summary": g.summary,
+                           "warnings": list(g.not_checked)}
     else:
         parts["golden"] = {"verdict": "SKIPPED", "problems": [f"no golden settings for {model}"]}
     progress("verify: diff")
     d = run_diff(DiffSpec(engine=engine, model=model, dtype=dtype, fault=fault, remote=remote, prompts=prompts),
-                 progress)
+                 progress).to_json()
     diff_report(d, out / "diff")
     parts["diff"] = {k: d[k] for k in ("verdict", "real_mismatches", "benign_divergences", "prompts",
                                        "prompts_identical", "noise_tolerance")}
@@ -46,39 +47,18 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
     for task in tasks:
         r = run_benchmark(RunSpec(task=task, engine=engine, model=model, dtype=dtype, fault=fault, limit=limit,
                                   data_dir=data_dir if task != "sanity" else None,
-                                  output=str(out / task), remote=remote), progress)
+                                  output=str(out / task), remote=remote), progress).to_json()
         parts[task] = {"verdict": r["verdict"], "items": r["items"], "bundled_sample": r["dataset"]["bundled_sample"],
                        "dataset": r["dataset"]["path"],
                        "accuracy": {k: v["accuracy"] for k, v in r["engines"].items()}, "paired": r["paired"],
                        "settle": r["settle"], "warnings": r["warnings"]}
     overall = combine(p["verdict"] for p in parts.values())
     warnings = [f"{name}: {w}" for name, p in parts.items() for w in p.get("warnings", [])]
-    result = {"verdict": overall, "model": model, "engine": engine, "dtype": dtype, "fault": fault,
-              "base_url": remote.base_url if remote is not None else None, "parts": parts, "warnings": warnings,
-              "versions": versions(), "seconds": round(time.time() - t0, 1)}
-    write_json(out / "verify.json", result)
-    lines = [f"# evalsuite verify: {engine} ({dtype}, fault={fault or 'none'}) on {model} — **{overall}**", "",
-             "| part | verdict | figures |", "|---|---|---|"]
-    g = parts["golden"]
-    lines.append(f"| golden | {g['verdict']} | " + (f"{g['summary'].get('positions', 0)} positions, max abs Δlogprob "
-                                                     f"{g['summary'].get('max_dlogprob', 0):.2e}" if g.get("summary")
-                                                     else "; ".join(g["problems"])) + " |")
-    lines.append(f"| diff | {d['verdict']} | {d['real_mismatches']} real, {d['benign_divergences']} benign, "
-                 f"{d['prompts_identical']}/{d['prompts']} prompts identical (diff/report.md) |")
-    for task in tasks:
-        p = parts[task]
-        acc = ", ".join(f"{k} {v:.3f}" for k, v in p["accuracy"].items())
-        sample = " (bundled sample)" if p["bundled_sample"] else f" ({p['dataset']})"
-        lines.append(f"| {task} | {p['verdict']} | {p['items']} items{sample}: {acc}; b={p['paired']['b']} "
-                     f"c={p['paired']['c']}, loss <= {p['paired']['loss_upper']:.3f} at 97.5% |")
-    if overall != "PASS":
-        lines += ["", f"**Why {overall}:**"]
-        for name, p in parts.items():
-            if p["verdict"] in ("FAIL", "INCONCLUSIVE"):
-                why = p["paired"]["explanation"] if "paired" in p else "; ".join(p.get("problems") or []) or \
-                    "; ".join(p.get("warnings") or []) or "see its section"
-                lines.append(f"- {name}: {why}" + (f". To settle it: {p['settle']}" if p.get("settle") else ""))
-    if warnings:
-        lines += ["", "**Warnings:**", *[f"- {w}" for w in warnings]]
-    (out / "report.md").write_text("\n".join(lines) + "\n")
+    result = VerifyResult(verdict=overall, model=model, engine=engine, dtype=dtype, fault=fault, parts=parts,
+                          warnings=tuple(warnings), details={
+                              "base_url": remote.base_url if remote is not None else None,
+                              "data": data_dir or "bundled samples", "versions": versions(),
+                              "seconds": round(time.time() - t0, 1)})
+    write_json(out / "verify.json", result.to_json())
+    (out / "report.md").write_text(verify_markdown(result.to_json()))
     return result

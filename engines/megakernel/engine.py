@@ -9,9 +9,20 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
-from engines.base import DTYPES, Generation, Scored, next_pow2, source_fingerprint
+from engines.base import (
+    DTYPES,
+    Capabilities,
+    Engine,
+    EngineOptions,
+    Forced,
+    Generation,
+    Scored,
+    check_prompts,
+    next_pow2,
+    source_fingerprint,
+)
 from engines.errors import ModelError
-from engines.loop import MIN_PREFILL_BUCKET, check_prompts, forced_all, greedy_all
+from engines.loop import MIN_PREFILL_BUCKET, forced_all, forced_from_decode, greedy_all, pad
 from engines.megakernel import ops
 from engines.megakernel.kernel import FAULTS, KernelSpec, attn_keys, decode_layers, dense_keys, moe_keys
 from engines.megakernel.prefill import prefill_hidden
@@ -56,12 +67,17 @@ def hbm_arrays(w: Weights, dtype: str) -> dict:
     return out
 
 
-class MegakernelEngine:
+class MegakernelEngine(Engine):
     """dtype "float32" (all f32) or "bfloat16" (bf16 weights, f32 accumulation, f32 residual
     stream and KV cache: the TPU recipe). fault: one of kernel.FAULTS, a self-test aid."""
 
-    capabilities = frozenset({"score", "generate", "taps", "logits"})
+    capabilities = Capabilities(logits=True, taps=True, forced_path="decode")
     max_batch = MAX_BATCH
+    faults = ENGINE_FAULTS
+
+    @classmethod
+    def create(cls, model, options: EngineOptions) -> MegakernelEngine:
+        return cls(model.weights, options.dtype, fault=options.fault)
 
     def __init__(self, weights: Weights, dtype: str = "float32", fault: str | None = None,
                  interpret: str = "generic", fault_layer: int | None = None, n_buffers: int = 2):
@@ -172,7 +188,7 @@ class MegakernelEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  stop_ids: Sequence[int] = (), top_k: int = 5, want_logits: bool = False,
-                 stop_check=None) -> list[Generation]:
+                 stop_check=None, stop_strings: Sequence[str] = ()) -> list[Generation]:
         self._check(prompts, max_new_tokens)
         decode, shrink = self._decode_step, self._shrink_step
         if self.fault == "stale_feedback":
@@ -186,19 +202,18 @@ class MegakernelEngine:
         self._check([list(p) + list(x) for p, x in zip(prompts, continuations)], 1)
         return forced_all(self._prefill_step, self._decode_step, prompts, continuations, MAX_BATCH)
 
+    def forced_topk(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], k: int = 5,
+                    want_logits: bool = False) -> list[Forced]:
+        """Every continuation token scored by a kernel step (engines.loop.forced_from_decode)."""
+        return forced_from_decode(self.decode_forced, prompts, continuations, k, want_logits)
+
     def step_taps(self, prompts: Sequence[Sequence[int]], next_ids: Sequence[int]) -> np.ndarray:
         """Prefill each prompt, then run ONE kernel step on next_ids with taps on.
         Returns [rows, L, D]: the residual stream after each layer at the new position."""
         self._check([list(p) + [t] for p, t in zip(prompts, next_ids)], 1)
         n = len(prompts)
-        B = next_pow2(n)
-        lengths = np.array([len(p) for p in prompts] + [1] * (B - n), np.int32)
-        Tb = next_pow2(int(lengths.max()), MIN_PREFILL_BUCKET)
-        S = next_pow2(max(Tb, int(lengths.max()) + 1))
-        tokens = np.zeros((B, Tb), np.int32)
-        for r, p in enumerate(prompts):
-            tokens[r, :len(p)] = p
-        ids = np.zeros(B, np.int32)
+        tokens, lengths, S = pad(prompts, 1)
+        ids = np.zeros(len(lengths), np.int32)
         ids[:n] = next_ids
         *_, kc, vc = self._prefill(self.w, jnp.asarray(tokens), jnp.asarray(lengths), slots=S, k=1,
                                    want_logits=False)

@@ -1,8 +1,8 @@
 """OpenAIEngine: greedy generation and prompt logprobs over an OpenAI-compatible API.
 
 What the server can do is discovered at construction (engines/openai/probe.py) and reported in
-`findings` (every result file carries them as `engine_capabilities`); `capabilities` holds the
-names of what is usable:
+`findings` (every result file carries them as `engine_capabilities`); `capabilities` is the typed
+engines.base.Capabilities built from them, and `usable` names what was found usable:
   "generate"       always (POST /v1/completions, temperature 0, penalties pinned neutral)
   "token_ids"      the server returns generated token ids; without them they are rebuilt from the
                    logprob token strings or the text (said in `notes`)
@@ -31,12 +31,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import numpy as np
-
-from engines.base import Generation
+from engines.base import Engine, EngineOptions, Forced, Generation
 from engines.config import Config
 from engines.errors import ModelError
-from engines.openai import http, probe
+from engines.openai import http, parse, probe
 from engines.openai.http import BACKOFF_S, MAX_ATTEMPTS  # noqa: F401  (re-exported for callers and tests)
 from engines.openai.probe import CANARY_PROMPT  # noqa: F401
 
@@ -53,7 +51,16 @@ class Remote:
     timeout_s: float = TIMEOUT_S
 
 
-class OpenAIEngine:
+class OpenAIEngine(Engine):
+    """A server speaking the OpenAI completions API (vLLM, SGLang, llama.cpp, evalsuite serve): --base-url."""
+
+    takes_remote = True
+    max_batch = ROWS_PER_REQUEST
+
+    @classmethod
+    def create(cls, model, options: EngineOptions) -> OpenAIEngine:
+        return cls(options.remote, model.config, model.tokenizer, options.dtype)
+
     def __init__(self, remote: Remote, config: Config, tokenizer, dtype: str = "float32"):
         self.name = "openai"
         self.remote = remote
@@ -85,13 +92,14 @@ class OpenAIEngine:
         self.canary: dict = {}
         self._tok_cache: dict[str, list[int]] = {}
         self.model_id, self.server_info, self.findings = self._probe()
-        self.capabilities = frozenset(self._capabilities())
+        self.usable = frozenset(self._usable())
         reported = (self.server_info.get("evalsuite") or {}).get("dtype") if isinstance(
             self.server_info.get("evalsuite"), dict) else None
         if reported is not None and reported != dtype:
             raise ModelError(f"--dtype {dtype} contradicts the server, which reports dtype {reported}")
         if reported is None and dtype != "float32":
             self.notes.append(f"dtype {dtype} is the user's claim: the server reports none")
+        self.capabilities = probe.capabilities(self)
 
     # ---- HTTP ------------------------------------------------------------------------------------
     def post(self, url: str, body: dict, attempts: int = MAX_ATTEMPTS, check=None) -> dict:
@@ -134,14 +142,14 @@ class OpenAIEngine:
             self.prompt_not_checked.append(
                 "prompt tokenization: the server takes only text prompts and has no tokenize endpoint, so the "
                 "token ids it decodes cannot be checked against the reference's")
-        if self._echo_usable() and self.echo_path != "decode":
+        if self.echo_usable() and self.echo_path != "decode":
             self.echo_not_checked.append(
                 "decode path: the server does not say that its echo (prompt) logprobs come from its decode "
                 "path, so golden checks and loglikelihood scores over it may never exercise the decode kernel")
         for name in ("token_ids", "gen_logprobs", "greedy", "echo_logprobs", "echo_consistency", "stop_strings"):
             if f[name].ok is False:
                 self.notes.append(f"{name}: {f[name].detail}")
-        if not self._echo_usable():
+        if not self.echo_usable():
             self.notes.append("loglikelihood tasks and golden checks are impossible over this server (no usable "
                               "echo prompt logprobs)")
         self.identity = {k: info.get(k) for k in ("id", "root", "owned_by", "created", "max_model_len", "evalsuite")}
@@ -149,35 +157,23 @@ class OpenAIEngine:
                        "logprobs": [round(float(x), 4) for x in canary["logprobs"] or []]}
         return want, info, f
 
-    def _capabilities(self) -> set[str]:
+    def _usable(self) -> set[str]:
+        """Names of what the probe found usable (for the record; typed: self.capabilities)."""
         f = self.findings
         caps = {"generate"}
         for name in ("token_ids", "gen_logprobs", "stop_strings", "chat", "tokenize"):
             if f[name].ok:
                 caps.add(name)
-        if self._echo_usable():
+        if self.echo_usable():
             caps.add("echo_logprobs")
         return caps
 
-    def _echo_usable(self) -> bool:
+    def echo_usable(self) -> bool:
         """Echo logprobs are used only when present and shown aligned with the decode path: misaligned
         echo, or echo whose alignment could not be checked, would score on bad data. (Aligned echo whose
         values disagree with decode is used: that is the engine's own inconsistency, for checks to judge.)"""
         f = self.findings
         return bool(f["echo_logprobs"].ok) and f["echo_consistency"].ok is not None and not self.echo_misaligned
-
-    def capability_report(self) -> dict:
-        """Every finding of the probe, for result files (`engine_capabilities`)."""
-        return {k: v.to_json() for k, v in self.findings.items()}
-
-    def refusal(self, capability: str) -> str:
-        """Why a capability is missing, in words from the probe."""
-        if capability == "echo_logprobs":
-            f = self.findings
-            bad = f["echo_consistency"] if f["echo_logprobs"].ok else f["echo_logprobs"]
-            return f"echo prompt logprobs unusable ({'echo consistency' if f['echo_logprobs'].ok else 'echo'}: " \
-                   f"{bad.detail})"
-        return f"{capability}: {self.findings.get(capability, probe.Finding(False, 'not offered')).detail}"
 
     @property
     def fingerprint(self) -> str:
@@ -266,31 +262,7 @@ class OpenAIEngine:
                 self._tok_cache[text] = hit
         return list(hit)
 
-    def top_rows(self, lp: dict, n: int, k: int) -> list[list[tuple[int, float]]]:
-        """Per position the top alternatives [(id, logprob)], most likely first; [] when the reply has none.
-        An OpenAI token-string key that is not exactly one token of --model gets id -1 (never matched)."""
-        by_id = lp.get("top_logprobs_by_id")
-        if isinstance(by_id, list) and len(by_id) >= n:
-            return [[(int(a), float(b)) for a, b in (row or [])[:k]] for row in by_id]
-        tops = lp.get("top_logprobs")
-        if isinstance(tops, list) and len(tops) >= n:
-            return [self._by_id(row)[:k] for row in tops]
-        return []
-
-    def _by_id(self, top: dict | None) -> list[tuple[int, float]]:
-        out = []
-        for s, v in sorted((top or {}).items(), key=lambda z: -z[1]):
-            enc = self.tok.encode(s) if self.tok and s else []
-            out.append((enc[0] if len(enc) == 1 else -1, float(v)))
-        return out
-
     # ---- the protocol ----------------------------------------------------------------------------
-    def score(self, seqs, want_taps: bool = False):
-        raise ModelError("the openai engine has no full-vocabulary logits (an API returns top-k logprobs only)")
-
-    def decode_forced(self, prompts, continuations):
-        raise ModelError("the openai engine has no full-vocabulary logits; use forced_topk (echo logprobs)")
-
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int] = (),
                  top_k: int = 5, want_logits: bool = False, stop_check=None,
                  stop_strings: Sequence[str] = ()) -> list[Generation]:
@@ -299,20 +271,20 @@ class OpenAIEngine:
         stop_set = {int(s) for s in stop_ids}
         eos = set(self.tok.eos_ids) if self.tok else set()
         ignore_eos = not (eos and eos <= stop_set)  # the caller wants to run past end-of-turn
-        k = top_k if "gen_logprobs" in self.capabilities else None
+        k = top_k if self.capabilities.gen_logprobs else None
         per = ROWS_PER_REQUEST if self.batched else 1
         chunks = [list(range(s, min(s + per, len(prompts)))) for s in range(0, len(prompts), per)]
-        server_stops = tuple(stop_strings) if "stop_strings" in self.capabilities else ()
+        server_stops = tuple(stop_strings) if self.capabilities.stop_strings else ()
 
         def run(idx):
             rows = [list(map(int, prompts[i])) for i in idx]
             r = self.completion(rows if len(rows) > 1 else rows[0], max_new_tokens, k, False,
                                 ignore_eos=ignore_eos and self.ignore_eos, stop=server_stops)
             choices = sorted(r["choices"], key=lambda c: c.get("index", 0))
-            gens = [self._generation(prompts[i], c, stop_set, top_k) for i, c in zip(idx, choices)]
+            gens = [parse.generation(self.tok, prompts[i], c, stop_set, top_k) for i, c in zip(idx, choices)]
             if not server_stops and self.tok is not None and len(self.tok.eos_ids) == 1:
                 for g, c in zip(gens, choices):
-                    self._restore_eos(g, c, max_new_tokens)
+                    parse.restore_eos(g, c, max_new_tokens, self.tok.eos_ids[0])
             return gens
 
         with ThreadPoolExecutor(max_workers=CONCURRENT_REQUESTS) as pool:
@@ -326,64 +298,24 @@ class OpenAIEngine:
                         break
         return out
 
-    def _generation(self, prompt, ch: dict, stop_set: set[int], k: int) -> Generation:
-        ids, how, exact_n = probe.generated_ids(self, ch)
-        lp = ch.get("logprobs") or {}
-        tl = lp.get("token_logprobs")
-        if exact_n < len(ids):  # rebuilt ids are not the engine's; keep the server's per-token logprobs as they came
-            n = len(tl) if isinstance(tl, list) else 0
-            top_lp = np.full((n, k), np.nan, np.float32)
-            top_lp[:, 0] = [np.nan if x is None else float(x) for x in (tl or [])]
-            return Generation(list(map(int, prompt)), ids, np.full((n, k), -1, np.int64), top_lp,
-                              ch.get("finish_reason") or "length", ids_exact=False, text=ch["text"])
-        n = len(ids)
-        top_ids = np.full((n, k), -1, np.int64)
-        top_lp = np.full((n, k), np.nan, np.float32)
-        for j, row in enumerate(self.top_rows(lp, n, k)[:n]):
-            for m, (a, b) in enumerate(row[:k]):
-                top_ids[j, m], top_lp[j, m] = a, b
-        if isinstance(tl, list) and len(tl) == n:  # the chosen token's own logprob (greedy: the top-1)
-            top_lp[:, 0] = [np.nan if x is None else float(x) for x in tl]
-            top_ids[:, 0] = ids
-        cut = next((j + 1 for j, t in enumerate(ids) if t in stop_set), n)
-        finish = "stop" if cut < n or (ids and ids[-1] in stop_set) or ch.get("finish_reason") == "stop" else "length"
-        return Generation(list(map(int, prompt)), ids[:cut], top_ids[:cut], top_lp[:cut], finish)
-
-    def _restore_eos(self, g: Generation, ch: dict, max_new_tokens: int) -> None:
-        """A server that stops at end-of-turn and leaves the token out of its reply (llama.cpp): with no
-        stop strings sent, an early "stop" can only be that token, so it is put back (logprob unknown)."""
-        eos = self.tok.eos_ids[0]
-        if ch.get("finish_reason") == "stop" and len(g.token_ids) < max_new_tokens and g.ids_exact and (
-                not g.token_ids or g.token_ids[-1] != eos):
-            k = g.top_ids.shape[1] if g.top_ids.ndim == 2 else 1
-            g.token_ids = list(g.token_ids) + [eos]
-            g.top_ids = np.concatenate([g.top_ids.reshape(-1, k), np.full((1, k), -1, np.int64)])
-            g.top_ids[-1, 0] = eos
-            g.top_logprobs = np.concatenate([g.top_logprobs.reshape(-1, k), np.full((1, k), np.nan, np.float32)])
-            g.finish_reason = "stop"
-
-    def forced_topk(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], k: int = 5):
-        """Teacher-forced through echo: per row (token_logprobs [N], top_ids [N, k], top_logprobs
-        [N, k]) for the continuation tokens, from the server's prompt-logprob path."""
-        if "echo_logprobs" not in self.capabilities:
-            raise ModelError(f"{self.base}: {self.refusal('echo_logprobs')}, so loglikelihood scoring and golden "
-                             "checks are impossible over it")
+    def forced_topk(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], k: int = 5,
+                    want_logits: bool = False) -> list[Forced]:
+        """Teacher-forced through echo, from the server's prompt-logprob path (evalsuite serve: its decode
+        path from the prompt's last token on, `echo_decode_from`)."""
+        if not self.capabilities.forced:
+            raise ModelError(f"{self.capabilities.forced_refusal}, so loglikelihood scoring and golden checks are "
+                             "impossible over it")
+        if want_logits:
+            raise ModelError("the openai engine cannot return full-vocabulary logits")
         out = []
         for p, x in zip(prompts, continuations):
             seq = list(map(int, p)) + list(map(int, x))
             r = self.completion(seq, 1, k, True, decode_from=len(p) - 1 if self.echo_path == "decode" else None)
             lp = r["choices"][0].get("logprobs") or {}
-            tl = lp.get("token_logprobs") or []
-            if len(tl) < len(seq):
-                raise ModelError(f"POST {self.base}/completions: echo returned {len(tl)} logprobs for {len(seq)} "
-                                 "prompt tokens")
-            rows = self.top_rows(lp, len(seq), k)
-            ti = np.full((len(x), k), -1, np.int64)
-            tv = np.full((len(x), k), np.nan, np.float64)
-            for j, t in enumerate(range(len(p), len(seq))):
-                for m, (a, b) in enumerate((rows[t] if len(rows) > t and rows[t] else [])[:k]):
-                    ti[j, m], tv[j, m] = a, b
-            out.append((np.array([float(tl[t]) for t in range(len(p), len(seq))]), ti, tv))
+            if len(lp.get("token_logprobs") or []) < len(seq):
+                raise ModelError(f"POST {self.base}/completions: echo returned {len(lp.get('token_logprobs') or [])} "
+                                 f"logprobs for {len(seq)} prompt tokens")
+            out.append(Forced(*parse.echo_rows(self.tok, lp, len(p), seq, k)))
         return out
 
 

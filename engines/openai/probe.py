@@ -29,7 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engines.base import Capabilities
 from engines.errors import ModelError
+from engines.openai import parse
 
 # Known tokenize endpoints: (path relative to the server root, request body for a text).
 TOKENIZE_ROUTES = (
@@ -112,35 +114,12 @@ def probe_prompts(eng, f: dict) -> None:
                                     "only frequency/presence_penalty pinned to 0")
 
 
-def generated_ids(eng, ch: dict) -> tuple[list[int], str, int]:
-    """(ids, how, exact): the generated ids of a choice, how they were obtained ("token_ids",
-    "pieces": the logprob token strings, each exactly one token of --model, or "text": re-tokenized),
-    and how many leading ids are surely the engine's own."""
-    if isinstance(ch.get("token_ids"), list):
-        ids = [int(t) for t in ch["token_ids"]]
-        return ids, "token_ids", len(ids)
-    text = ch.get("text") or ""
-    if eng.tok is None:
-        return [], "text", 0
-    pieces = (ch.get("logprobs") or {}).get("tokens")
-    prefix: list[int] = []
-    for s in pieces if isinstance(pieces, list) else []:
-        enc = eng.tok.encode(s) if isinstance(s, str) and s else []
-        if len(enc) != 1:
-            break
-        prefix.append(enc[0])
-    if isinstance(pieces, list) and pieces and len(prefix) == len(pieces) and eng.tok.decode(prefix) == text:
-        return prefix, "pieces", len(prefix)
-    ids = eng.tok.encode(text)
-    return ids, "text", len(ids) if "\ufffd" not in text else len(prefix)
-
-
 def probe_generation(eng, f: dict) -> dict:
     """The canary: greedy ids + logprobs of a fixed prompt (also the server's fingerprint)."""
     p = eng.tok.encode(CANARY_PROMPT) if eng.tok else [1, 2, 3]
     r = eng.completion(p, CANARY_TOKENS, logprobs=5, echo=False)
     ch = r["choices"][0]
-    ids, how, exact = generated_ids(eng, ch)
+    ids, how, exact = parse.generated_ids(eng.tok, ch)
     f["token_ids"] = Finding(how == "token_ids", {
         "token_ids": "returned (token_ids)",
         "pieces": "not returned; rebuilt from the logprob token strings (each exactly one token of --model)",
@@ -148,7 +127,7 @@ def probe_generation(eng, f: dict) -> dict:
     lp = ch.get("logprobs") or {}
     tl = lp.get("token_logprobs")
     has_lp = isinstance(tl, list) and bool(tl) and all(isinstance(x, (int, float)) for x in tl)
-    tops = eng.top_rows(lp, len(tl), 5) if has_lp else []
+    tops = parse.top_rows(eng.tok, lp, len(tl), 5) if has_lp else []
     k = min((sum(1 for a, _ in row if a >= 0) for row in tops), default=0)
     f["gen_logprobs"] = Finding(has_lp, f"generated-token logprobs with top-{k} alternatives" if has_lp
                                 else "no logprobs for generated tokens")
@@ -225,7 +204,7 @@ def _misalignment(eng, lp: dict, tl: list, P: int, ids: list[int], gen: np.ndarr
                  if 1 <= P + j + o < len(tl) and isinstance(tl[P + j + o], (int, float))]
         if len(pairs) >= max(2, n - 1) and max(abs(a - b) for a, b in pairs) <= ECHO_CONSISTENCY_TOL:
             return o
-    tops = eng.top_rows(lp, len(tl), 5)
+    tops = parse.top_rows(eng.tok, lp, len(tl), 5)
     shifted = []
     for j in range(n):
         row = dict(tops[P + j - 1]) if tops and P + j - 1 >= 1 and tops[P + j - 1] else {}
@@ -268,3 +247,19 @@ def probe_extras(eng, f: dict, canary: dict, listed: dict) -> None:
     f["max_context"] = Finding(isinstance(n, int), f"{n} tokens" if isinstance(n, int) else
                                "not stated: --model's context is assumed; a longer request gets the server's error")
     eng.max_context = n if isinstance(n, int) else None
+
+
+def capabilities(eng) -> Capabilities:
+    """The probe's findings as the engine's typed Capabilities: what is usable, what blocks a PASS
+    (prompt tokenization not confirmed; echo not stated to come from the decode path) and why echo is
+    refused where it is."""
+    f = eng.findings
+    bad = f["echo_consistency"] if f["echo_logprobs"].ok else f["echo_logprobs"]
+    refusal = (f"{eng.base}: echo prompt logprobs unusable ({'echo consistency' if f['echo_logprobs'].ok else 'echo'}: "
+               f"{bad.detail})")
+    return Capabilities(
+        logits=False, taps=False, gen_logprobs=bool(f["gen_logprobs"].ok), forced=eng.echo_usable(),
+        forced_path=eng.echo_path or "unstated", forced_refusal="" if eng.echo_usable() else refusal,
+        stop_strings=bool(f["stop_strings"].ok), runs_past_eos=eng.ignore_eos,
+        blocking=tuple(eng.prompt_not_checked), forced_blocking=tuple(eng.echo_not_checked),
+        notes=tuple(eng.notes), findings=tuple((k, v.ok, v.detail) for k, v in f.items()))

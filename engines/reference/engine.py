@@ -9,9 +9,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from engines.base import DTYPES, Generation, Scored, next_pow2, source_fingerprint
+from engines.base import (
+    DTYPES,
+    Capabilities,
+    Engine,
+    EngineOptions,
+    Forced,
+    Generation,
+    Scored,
+    check_prompts,
+    next_pow2,
+    source_fingerprint,
+)
 from engines.errors import ModelError
-from engines.loop import MIN_PREFILL_BUCKET, check_prompts, forced_all, greedy_all
+from engines.loop import MIN_PREFILL_BUCKET, forced_all, forced_from_decode, greedy_all
 from engines.reference import model
 from engines.weights import Weights
 
@@ -34,13 +45,17 @@ def device_params(weights: Weights, dtype: str) -> dict:
     return out
 
 
-class ReferenceEngine:
+class ReferenceEngine(Engine):
     """Pure-JAX reference. dtype "float32" or "bfloat16": the weights' dtype; matmul inputs are
     rounded to it, everything else (residual, KV cache, norms, softmax, accumulation) is float32
     (see model.py: the bf16 recipe engines declare)."""
 
-    capabilities = frozenset({"score", "generate", "taps", "logits"})
+    capabilities = Capabilities(logits=True, taps=True, forced_path="decode")
     max_batch = MAX_BATCH
+
+    @classmethod
+    def create(cls, model, options: EngineOptions) -> ReferenceEngine:
+        return cls(model.weights, options.dtype)
 
     def __init__(self, weights: Weights, dtype: str = "float32"):
         if dtype not in DTYPES:
@@ -130,7 +145,7 @@ class ReferenceEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  stop_ids: Sequence[int] = (), top_k: int = 5,
-                 want_logits: bool = False, stop_check=None) -> list[Generation]:
+                 want_logits: bool = False, stop_check=None, stop_strings: Sequence[str] = ()) -> list[Generation]:
         c = self.config
         check_prompts(prompts, c.vocab_size, c.max_context, max_new_tokens)
         if not 1 <= top_k <= c.vocab_size:
@@ -149,6 +164,17 @@ class ReferenceEngine:
         check_prompts([list(p) + list(x) for p, x in zip(prompts, continuations)], c.vocab_size,
                       c.max_context + 1, 1)
         return forced_all(self._prefill_step, self._decode_step, prompts, continuations, MAX_BATCH)
+
+    def forced_topk(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], k: int = 5,
+                    want_logits: bool = False) -> list[Forced]:
+        """Every continuation token scored by a decode step (engines.loop.forced_from_decode)."""
+        return forced_from_decode(self.decode_forced, prompts, continuations, k, want_logits)
+
+    def step_taps(self, prompts: Sequence[Sequence[int]], next_ids: Sequence[int]) -> np.ndarray:
+        """[rows, L, D]: the residual stream after each layer at the position of next_ids (the reference's
+        one forward pass computes every position the same way, so its taps there are its decode step's)."""
+        return np.stack([self.score([list(p) + [int(t)]], want_taps=True)[0].taps[:, -1]
+                         for p, t in zip(prompts, next_ids)])
 
     def _prefill_step(self, tokens, lengths, slots, k, want_logits):
         kc, vc = self.new_cache(tokens.shape[0], slots)

@@ -1,13 +1,14 @@
 """lm-eval model adapter over the engine protocol (a TemplateLM subclass).
 
-Registered as evalsuite-reference, evalsuite-megakernel and evalsuite-openai (add base_url=URL):
-`--model_args model=smollm2-135m,dtype=float32,fault=...`. Greedy only: a request asking for
+Registered as `evalsuite` (`--model_args engine=NAME,...`) and as evalsuite-NAME for every installed
+engine (evalsuite-reference, evalsuite-megakernel, evalsuite-openai with base_url=URL, and every
+plugin): `--model_args model=smollm2-135m,dtype=float32,fault=...`. Greedy only: a request asking for
 sampling is refused, never silently decoded greedily.
 
-- loglikelihood: per (context, continuation), the engine's decode path teacher-forced
-  (`decode_forced`): all but the last context token are prefilled, then every continuation token
-  is scored by a decode step, so for the megakernel every scored token comes from the kernel.
-  is_greedy is whether every continuation token is the argmax at its position.
+- loglikelihood: per (context, continuation), the engine teacher-forced along the continuation
+  (`forced_topk`, the protocol's decode-path scoring: all but the last context token prefilled, every
+  continuation token scored by a decode step, so for the megakernel by the kernel; over HTTP: echo).
+  is_greedy is whether every continuation token is the top-1 at its position.
 - loglikelihood_rolling: disjoint windows of max_length tokens (lm-eval's own window helper).
 - generate_until: batched greedy generation (engine.generate); a row stops generating once its text
   holds a stop string and is cut there. The reference prefills a few-shot prefix shared by a batch
@@ -31,7 +32,6 @@ DEFAULT_MAX_LENGTH = 2048
 # 3: keys hold the engine's fingerprint (its source, jax versions and static spec; for a server,
 # its reported identity and a canary), so a changed engine never reuses answers.
 ADAPTER_VERSION = 3
-GEN_BATCH = 8  # requests per generate call when the engine states no max_batch of its own
 
 
 class EngineLM(TemplateLM):
@@ -40,9 +40,13 @@ class EngineLM(TemplateLM):
     def __init__(self, model: str = "smollm2-135m", dtype: str = "float32", fault: str | None = None,
                  max_length: int = DEFAULT_MAX_LENGTH, batch_size: int | str | None = None,
                  journal: str | None = None, progress: bool = True, base_url: str | None = None,
-                 served_model: str | None = None, api_key_env: str | None = None, remote=None, **kwargs):
+                 served_model: str | None = None, api_key_env: str | None = None, remote=None,
+                 engine: str | None = None, built=None, **kwargs):
         super().__init__()
+        self.engine_name = engine or self.engine_name
         self.journal = None
+        self.live = None  # the progress bar's running tally (bench.live), kept for the result file
+        self._ll_docs = None  # per loglikelihood request (doc, doc id, choice index, choices), for the tally
         self.progress = progress
         from evalsuite.engines import make_engine
         from evalsuite.registry import load_model
@@ -54,22 +58,24 @@ class EngineLM(TemplateLM):
             from engines.openai.client import Remote
 
             remote = Remote(base_url, served_model, api_key_env)
-        self.engine = make_engine(self.engine_name, self.model, dtype, fault or None, remote)
+        # built: the engine, already made by the caller (evalsuite run probes it first)
+        self.engine = built if built is not None else make_engine(self.engine_name, self.model, dtype, fault or None,
+                                                                  remote)
         self.max_length = min(int(max_length), self.model.config.max_context)
         # default: the engine's rows per device call (reference 32, megakernel 8): the journal is
         # written after each call's requests, so a bigger batch would only delay it
-        default = getattr(self.engine, "max_batch", GEN_BATCH)
+        default = self.engine.max_batch
         self.gen_batch = int(batch_size) if str(batch_size).isdigit() and int(batch_size) > 0 else default
         self.identity = {"engine": self.engine_name, "model": model, "weights_sha256": self.model.weights.sha256,
                          "dtype": dtype, "fault": fault or None, "max_length": self.max_length,
                          "adapter_version": ADAPTER_VERSION, "engine_fingerprint": self.engine.fingerprint}
         if remote is not None:  # the server is part of the identity (never the API key)
-            self.identity.update(base_url=remote.base_url, served_model=self.engine.model_id)
+            self.identity.update(base_url=remote.base_url, served_model=self.engine.model_id)  # OpenAIEngine
         if journal:
             from evalsuite.bench.journal import Journal
 
             self.journal = Journal(journal)
-            if self.engine.name == "openai":
+            if remote is not None:
                 self._check_canary(remote)
 
     def _check_canary(self, remote) -> None:
@@ -79,7 +85,7 @@ class EngineLM(TemplateLM):
         from evalsuite.bench.journal import request_key
 
         key = request_key(self.identity, "canary", [])
-        now = [float(x) for x in self.engine.canary.get("logprobs") or []]
+        now = [float(x) for x in self.engine.canary.get("logprobs") or []]  # OpenAIEngine.canary
         have = self.journal.get(key)
         if have is None:
             self.journal.add([{"key": key, "kind": "canary", "result": now}])
@@ -98,8 +104,8 @@ class EngineLM(TemplateLM):
         return self.model.tokenizer.eos_ids[0]
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-        if "tokenize" in self.engine.capabilities:  # an API server with /tokenize: its own ids
-            return self.engine.tokenize(string)
+        # --model's tokenizer for every engine: both engines of a run see the same token ids (a server
+        # that takes text prompts has each one's tokenization checked by the client)
         return self.model.tokenizer.encode(string)
 
     def tok_decode(self, ids) -> str:
@@ -118,9 +124,9 @@ class EngineLM(TemplateLM):
         # _loglikelihood_tokens only the token ids).
         from collections import Counter
 
-        ids = [(getattr(r, "task_name", None), getattr(r, "doc_id", None)) for r in requests]
+        ids = [(r.task_name, r.doc_id) for r in requests]
         per_doc = Counter(ids)  # a doc's requests are its choices
-        self._ll_docs = [(getattr(r, "doc", None), d, getattr(r, "idx", 0), per_doc[d]) for r, d in zip(requests, ids)]
+        self._ll_docs = [(r.doc, d, r.idx, per_doc[d]) for r, d in zip(requests, ids)]
         try:
             return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
         finally:
@@ -131,7 +137,7 @@ class EngineLM(TemplateLM):
         from evalsuite.bench.live import ChoiceTally
 
         out = []
-        docs = getattr(self, "_ll_docs", None)
+        docs = self._ll_docs
         docs = docs if docs is not None and len(docs) == len(requests) else None
         tally = self.live = ChoiceTally()
         bar = _bar(len(requests), "loglikelihood", self.progress and not disable_tqdm)
@@ -154,24 +160,10 @@ class EngineLM(TemplateLM):
     def _score_one(self, context_enc, continuation_enc) -> tuple[float, bool]:
         seq = (list(context_enc) + list(continuation_enc))[-(self.max_length + 1):]
         n = len(continuation_enc)
-        if len(seq) - n >= 2:
-            # Through the engine's decode path: prefill all but the last context token, then feed it
-            # and the continuation one by one, so every scored token comes from a decode step (for
-            # the megakernel: from the kernel, not its XLA prefill).
-            ctx = seq[:-n]
-            if "logits" not in self.engine.capabilities:  # an API: echo prompt logprobs
-                tok_lp, top_ids, _ = self.engine.forced_topk([ctx], [seq[-n:]], 1)[0]
-                return float(np.sum(tok_lp)), bool((top_ids[:, 0] == np.asarray(seq[-n:])).all())
-            # Fed ctx[-1], cont[0], ..., cont[-2] by decode steps; row 0 (from the prefill) predicts
-            # ctx[-1] and is dropped, row j + 1 predicts cont[j].
-            rows = self.engine.decode_forced([ctx[:-1]], [[ctx[-1]] + seq[-n:]])[0][1:]
-        else:
-            rows = self.engine.score([seq[:-1]])[0].logits[-n:]  # row t predicts seq[t+1]
-        rows = rows.astype(np.float64)
-        z = rows - rows.max(axis=-1, keepdims=True)
-        logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
-        target = np.asarray(seq[-n:])
-        return float(logp[np.arange(n), target].sum()), bool((rows.argmax(axis=-1) == target).all())
+        if len(seq) <= n:
+            raise SpecError(f"a continuation of {n} tokens leaves no context within max_length {self.max_length}")
+        f = self.engine.forced_topk([seq[:-n]], [seq[-n:]], 1)[0]
+        return float(np.sum(f.token_logprobs)), bool((f.top_ids[:, 0] == np.asarray(seq[-n:])).all())
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         out = []
@@ -185,28 +177,20 @@ class EngineLM(TemplateLM):
 
     # ---- generation -------------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        from evalsuite.bench.journal import request_key
         from evalsuite.bench.live import Tally, judge_generation
 
         args = [r.args for r in requests]
-        docs = [getattr(r, "doc", None) for r in requests]
+        docs = [r.doc for r in requests]
         tally = self.live = Tally()
         out: list[str | None] = [None] * len(args)
-        self.generation_meta: dict[str, dict] = getattr(self, "generation_meta", {})
         groups: dict[tuple, list[int]] = {}
         keys = []
         for i, (ctx, kw) in enumerate(args):
-            kw = dict(kw or {})
-            if kw.get("do_sample") or float(kw.get("temperature", 0.0) or 0.0) > 0:
-                raise SpecError("evalsuite engines decode greedily only: the task asks for sampling")
-            until = kw.get("until") or []
-            until = [until] if isinstance(until, str) else list(until)
-            max_toks = int(kw.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
-            keys.append(request_key(self.identity, "gen", [ctx, until, max_toks]))
+            until, max_toks, key = self._gen_request(ctx, kw)
+            keys.append(key)
             hit = self.journal.get(keys[i]) if self.journal else None
             if hit is not None:
                 out[i] = hit["result"]
-                self.generation_meta[ctx] = hit
                 tally.add(judge_generation(docs[i], out[i]))
             else:
                 groups.setdefault((tuple(until), max_toks), []).append(i)
@@ -219,9 +203,9 @@ class EngineLM(TemplateLM):
             for s in range(0, len(idx), self.gen_batch):
                 chunk = idx[s:s + self.gen_batch]
                 prompts = [self.tok_encode(args[i][0])[-(self.max_length - max_toks):] for i in chunk]
-                extra = {"stop_strings": list(until)} if "stop_strings" in self.engine.capabilities else {}
                 gens = self.engine.generate(prompts, max_toks, stop_ids=self.model.tokenizer.eos_ids, top_k=1,
-                                            stop_check=stop_check(self.model.tokenizer, until), **extra)
+                                            stop_check=stop_check(self.model.tokenizer, until),
+                                            stop_strings=list(until))
                 recs = []
                 for i, g in zip(chunk, gens):
                     text = visible_text(self.model.tokenizer, g.token_ids)
@@ -230,7 +214,6 @@ class EngineLM(TemplateLM):
                     rec = {"key": keys[i], "kind": "gen", "result": out[i], "finish_reason": finish,
                            "generated_tokens": len(g.token_ids), "raw": text}
                     recs.append(rec)
-                    self.generation_meta[args[i][0]] = rec
                     tally.add(judge_generation(docs[i], out[i]))
                 if self.journal:
                     self.journal.add(recs)
@@ -240,25 +223,45 @@ class EngineLM(TemplateLM):
         return out
 
 
+    def _gen_request(self, ctx: str, kw) -> tuple[list[str], int, str]:
+        """(stop strings, max tokens, journal key) of one generate_until request."""
+        from evalsuite.bench.journal import request_key
+
+        kw = dict(kw or {})
+        if kw.get("do_sample") or float(kw.get("temperature", 0.0) or 0.0) > 0:
+            raise SpecError("evalsuite engines decode greedily only: the task asks for sampling")
+        until = kw.get("until") or []
+        until = [until] if isinstance(until, str) else list(until)
+        max_toks = int(kw.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
+        return until, max_toks, request_key(self.identity, "gen", [ctx, until, max_toks])
+
+    def journal_record(self, ctx: str, kw) -> dict:
+        """The journal's record of a generate_until request ({} when there is none): per-item facts
+        (finish reason, generated tokens) come from the journal, the one record of what was done."""
+        if self.journal is None:
+            return {}
+        return self.journal.get(self._gen_request(ctx, kw)[2]) or {}
+
+
 def _bar(total: int, desc: str, enabled: bool, initial: int = 0):
     from tqdm import tqdm
 
     return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, unit="req", dynamic_ncols=True)
 
 
-@register_model("evalsuite-reference")
-class ReferenceLM(EngineLM):
-    engine_name = "reference"
+register_model("evalsuite")(EngineLM)  # --model_args engine=NAME,...
 
 
-@register_model("evalsuite-megakernel")
-class MegakernelLM(EngineLM):
-    engine_name = "megakernel"
+def _register_all() -> None:
+    """evalsuite-NAME for every installed engine (plugins included)."""
+    from evalsuite.engines import names
+
+    for name in names():
+        cls = type(f"EngineLM_{name.replace('-', '_')}", (EngineLM,), {"engine_name": name})
+        try:
+            register_model(f"evalsuite-{name}")(cls)
+        except (AssertionError, ValueError):  # already registered (module reloaded)
+            pass
 
 
-@register_model("evalsuite-openai")
-class OpenAILM(EngineLM):
-    """An OpenAI-compatible server: `--model_args model=smollm2-135m,base_url=http://127.0.0.1:8000/v1`
-    (model names the local tokenizer; served_model, api_key_env optional)."""
-
-    engine_name = "openai"
+_register_all()

@@ -15,16 +15,30 @@ from pathlib import Path
 
 import numpy as np
 
+from engines.base import file_sha256
 from evalsuite.bench import stats
 from evalsuite.errors import SpecError
 from evalsuite.report import write_json
+from evalsuite.results import RunResult
 from evalsuite.versions import versions
 
-# Every dataset evalsuite reads is a local file: never let `datasets`/lm-eval reach for the hub
-# (on a machine without it they wait on timeouts). Set before either library is imported.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-TASKS_DIR = Path(__file__).resolve().parent.parent.parent / "tasks"
+
+def _tasks_dir() -> Path:
+    """The tasks/ package's folder (task YAMLs and bundled data), in a checkout or an installed wheel."""
+    from importlib.resources import files
+
+    return Path(str(files("tasks")))
+
+
+TASKS_DIR = _tasks_dir()
+
+
+def offline() -> None:
+    """Every dataset evalsuite reads is a local file: never let `datasets`/lm-eval reach for the hub (on a
+    machine without it they wait on timeouts). Called before either library is first used, not at import
+    (the user's own environment wins where it says otherwise)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # task -> variant -> (lm-eval task name, YAML folder, primary filter, metric, chat template)
 VARIANTS = {
     # gsm8k's primary filter is flexible-extract: a 135M model rarely writes "#### N" (strict-match
@@ -78,8 +92,6 @@ class RunSpec:
             raise SpecError(f"--limit must be >= 1, got {self.limit}")
         if self.against != "reference":
             raise SpecError("--against: only 'reference' is supported")
-        if self.remote is not None and self.engine != "openai":
-            raise SpecError(f"--base-url applies to --engine openai, not {self.engine}")
 
 
 def resolve_data(task: str, data_dir: str | None) -> tuple[Path, bool]:
@@ -101,6 +113,7 @@ def resolve_data(task: str, data_dir: str | None) -> tuple[Path, bool]:
 
 
 def _load_rows(path: Path) -> list[dict]:
+    offline()
     import datasets
 
     kind = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json"}.get(path.suffix)
@@ -110,10 +123,6 @@ def _load_rows(path: Path) -> list[dict]:
         return list(datasets.load_dataset(kind, data_files=str(path), split="train"))
     except Exception as e:  # datasets raises many kinds for malformed files
         raise SpecError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
-
-
-def _file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _resolve_tasks(task: str, data: Path, out: Path) -> Path:
@@ -140,21 +149,19 @@ def _repetition(text: str) -> float:
 
 
 def _run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks_dir: Path, out: Path,
-                progress: Callable[[str], None]) -> dict:
+                progress: Callable[[str], None], built=None) -> dict:
+    offline()
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from evalsuite.bench.adapter import MegakernelLM, OpenAILM, ReferenceLM
+    from evalsuite.bench.adapter import EngineLM
 
     name, _, primary, metric, chat = VARIANTS[spec.task][spec.variant or DEFAULT_VARIANT[spec.task]]
     progress(f"run: {spec.task} on {engine} ({dtype}, fault={fault})")
-    cls = {"reference": ReferenceLM, "megakernel": MegakernelLM, "openai": OpenAILM}.get(engine)
-    if cls is None:
-        raise SpecError(f"unknown engine {engine!r}; expected reference, megakernel or openai")
     eng_dir = out / engine
     eng_dir.mkdir(parents=True, exist_ok=True)
-    lm = cls(model=spec.model, dtype=dtype, fault=fault, journal=str(eng_dir / "journal.jsonl"),
-             remote=spec.remote if engine == "openai" else None)
+    lm = EngineLM(engine=engine, model=spec.model, dtype=dtype, fault=fault, journal=str(eng_dir / "journal.jsonl"),
+                  remote=spec.remote if built is not None else None, built=built)
     try:
         res = lm_eval.simple_evaluate(model=lm, tasks=[name], limit=spec.limit, log_samples=True,
                                       task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False),
@@ -169,11 +176,10 @@ def _run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks
     by_filter: dict[str, dict[int, dict]] = {}
     for s in samples:
         by_filter.setdefault(s.get("filter", "none"), {})[s["doc_id"]] = s
-    meta = getattr(lm, "generation_meta", {})
     records = []
     for doc_id, s in sorted(by_filter[primary].items()):
         prompt = s["arguments"][0][0] if s["arguments"] else ""
-        gen = meta.get(prompt, {})
+        gen = lm.journal_record(prompt, s["arguments"][0][1]) if isinstance(s["resps"][0][0], str) else {}
         if isinstance(s["resps"][0][0], str):  # generation: the text and what the filter extracted
             resp, extracted = s["resps"][0][0], s["filtered_resps"][0] if s["filtered_resps"] else None
         else:  # multiple choice: per-choice loglikelihoods; the answer is the most likely choice
@@ -190,7 +196,7 @@ def _run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks
     with open(eng_dir / "records.jsonl", "w") as fh:
         fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     acc = float(np.mean([r["correct"] for r in records]))
-    live = getattr(lm, "live", None)  # the progress bar's running estimate, kept as a cross-check
+    live = lm.live  # the progress bar's running estimate, kept as a cross-check
     n_right = sum(r["correct"] for r in records)
     return {"records": records, "accuracy": acc, "accuracy_ci95": stats.wilson_ci(n_right, len(records)),
             "live_accuracy": live.right / live.seen if live is not None and live.seen else None,
@@ -227,7 +233,7 @@ def _settle(spec: RunSpec, v: stats.PairedVerdict, bundled: bool, n_items: int) 
     return f"the data holds {n_items} items and PASS needs >= {need} with b={v.b}: a larger set, or a wider --margin"
 
 
-def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: None) -> dict:
+def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: None) -> RunResult:
     from evalsuite.registry import load_model
 
     t0 = time.time()
@@ -237,25 +243,22 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     n_items = len(_load_rows(data))
     tasks_dir = _resolve_tasks(spec.task, data, out)
     model = load_model(spec.model)
-    api_notes = None
-    if spec.engine == "openai":  # probe the server first: refuse what it cannot do before any work
-        from evalsuite.engines import capability_report, make_engine
-        from evalsuite.engines import not_checked as engine_not_checked
+    # the engine under test is built (a server probed) first: what it cannot do is refused before any work
+    from evalsuite.engines import make_engine
 
-        variant = spec.variant or DEFAULT_VARIANT[spec.task]
-        probe = make_engine("openai", model, spec.dtype, spec.fault, spec.remote)
-        uses_echo = VARIANTS[spec.task][variant][3] == "acc"
-        if uses_echo and "echo_logprobs" not in probe.capabilities:
-            raise SpecError(f"{probe.base}: {probe.refusal('echo_logprobs')}, so {spec.task}/{variant} "
-                            "(scored by loglikelihood) is impossible over it"
-                            + ("; --variant cot is generative" if spec.task == "gpqa" else ""))
-        api_notes = {"capabilities": sorted(probe.capabilities), "engine_capabilities": capability_report(probe),
-                     "notes": probe.notes, "echo_path": probe.echo_path,
-                     "not_checked": engine_not_checked(probe, uses_echo)}
+    variant = spec.variant or DEFAULT_VARIANT[spec.task]
+    built = make_engine(spec.engine, model, spec.dtype, spec.fault, spec.remote)
+    caps = built.capabilities
+    uses_forced = VARIANTS[spec.task][variant][3] == "acc"
+    if uses_forced and not caps.forced:
+        raise SpecError(f"{caps.forced_refusal}, so {spec.task}/{variant} (scored by loglikelihood) is impossible "
+                        "over it" + ("; --variant cot is generative" if spec.task == "gpqa" else ""))
+    api_notes = {"engine_capabilities": caps.report(), "notes": list(caps.notes), "forced_path": caps.forced_path,
+                 "not_checked": caps.not_checked(uses_forced)}
     engines = {}
     engines[spec.against] = _run_engine(spec, spec.against, "float32", None, tasks_dir, out, progress)
     engines[spec.engine if spec.engine != spec.against else spec.engine + "-under-test"] = _run_engine(
-        spec, spec.engine, spec.dtype, spec.fault, tasks_dir, out, progress)
+        spec, spec.engine, spec.dtype, spec.fault, tasks_dir, out, progress, built)
     (ka, a), (kb, b) = list(engines.items())
     ids = [r["doc_id"] for r in a["records"]]
     assert ids == [r["doc_id"] for r in b["records"]], "both engines must see the same items"
@@ -273,11 +276,11 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
         "verdict": verdict, "not_checked": not_checked, "task": spec.task,
         "variant": spec.variant or DEFAULT_VARIANT[spec.task],
         "dataset": {"path": str(data), "bundled_sample": bundled, "items_in_file": n_items,
-                    "sha256": _file_sha256(data),
+                    "sha256": file_sha256(data),
                     "note": "BUNDLED SAMPLE written for evalsuite, not the real benchmark" if bundled
                     else "user-supplied data in the hub schema"},
         "items": len(ids), "model": spec.model, "weights_sha256": model.weights.sha256,
-        "api": api_notes,
+        "engine_under_test": api_notes, "api": api_notes,
         "engines": {k: {"accuracy": e["accuracy"], "accuracy_ci95": e["accuracy_ci95"],
                         "live_accuracy": e["live_accuracy"],
                         "primary_filter": e["primary_filter"], "lm_eval_results": e["lm_eval_results"],
@@ -300,4 +303,6 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
         "spec": asdict(spec), "seed": spec.seed, "versions": versions(), "seconds": round(time.time() - t0, 1),
     }
     write_json(out / "comparison.json", result)
-    return result
+    typed = {k: result.pop(k) for k in ("verdict", "task", "variant", "items", "model", "settle")}
+    return RunResult(**typed, not_checked=tuple(result.pop("not_checked")), warnings=tuple(result.pop("warnings")),
+                     details=result)

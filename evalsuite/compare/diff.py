@@ -29,11 +29,11 @@ import numpy as np
 from engines.loop import batches
 from engines.reference import ReferenceEngine
 from evalsuite.compare import metrics, rule
-from evalsuite.engines import capability_report, make_engine
-from evalsuite.engines import not_checked as engine_not_checked
+from evalsuite.engines import make_engine
 from evalsuite.errors import SpecError
 from evalsuite.prompts import load_prompts
 from evalsuite.registry import load_model
+from evalsuite.results import DiffResult
 from evalsuite.versions import versions
 
 # A layer's hidden state "leaves tolerance" in bisection when max |Δ| exceeds this. Faithful
@@ -41,9 +41,10 @@ from evalsuite.versions import versions
 # so bisection there is a hint, not a proof.
 TAP_TOL = {"float32": 1e-3, "bfloat16": 0.5}
 INVARIANCE_BATCH = 4
-API_NOT_POSSIBLE = ("full-vocabulary logits: |Δlogit|, KL and top-5 overlap (an API returns top-k logprobs only; "
-                    "|Δlogprob| of the reference's token is compared instead)",
-                    "per-layer bisection (an API exposes no taps)")
+# what cannot be measured without full logits or taps (reported as not checked; blocks nothing)
+LACKS_LOGITS = ("full-vocabulary logits: |Δlogit| and KL (the engine gives top-k logprobs only; |Δlogprob| of the "
+                "reference's token is compared instead)")
+LACKS_TAPS = "per-layer bisection (the engine exposes no taps)"
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class DiffSpec:
             raise SpecError(f"--noise-tol must be > 0, got {self.noise_tol}")
 
 
-def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -> dict:
+def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -> DiffResult:
     t0 = time.time()
     model = load_model(spec.model)
     pset = load_prompts(spec.prompts)
@@ -89,24 +90,23 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
     ref = ReferenceEngine(model.weights, "float32")
     recipe = ReferenceEngine(model.weights, spec.dtype) if spec.dtype != "float32" else None
     eng = make_engine(spec.engine, model, spec.dtype, spec.fault, spec.remote)
-    caps = getattr(eng, "capabilities", frozenset())
-    api = "logits" not in caps  # top-k logprobs only (an HTTP API)
-    not_checked = list(API_NOT_POSSIBLE) + list(getattr(eng, "notes", [])) if api else []
-    if api and "echo_logprobs" not in caps:
-        not_checked.append("teacher-forced comparison after the first divergence (no usable echo prompt logprobs, "
-                           "see engine_capabilities.echo_consistency): only the free-running tokens up to it are "
-                           "compared")
-    # what blocks a PASS: prompts the server may have read differently, echo it cannot vouch for, and
-    # an engine that gives neither generated-token nor echo logprobs (tokens only: nothing numeric)
-    blocking = engine_not_checked(eng, uses_echo="echo_logprobs" in caps) if api else []
-    if api and not ({"gen_logprobs", "echo_logprobs"} & caps):
-        blocking.append("logprobs: the server returns none (generated or echo), so only token identity is compared")
+    caps = eng.capabilities
+    # what this engine cannot show is said ("not checked"); what blocks a PASS is listed apart
+    not_checked = ([LACKS_LOGITS] if not caps.logits else []) + ([LACKS_TAPS] if not caps.taps else []) + list(
+        caps.notes)
+    if not caps.forced:
+        not_checked.append("teacher-forced comparison after the first divergence (" + caps.forced_refusal
+                           + "): only the free-running tokens up to it are compared")
+    blocking = caps.not_checked(uses_forced=caps.forced)
+    if not (caps.gen_logprobs or caps.forced):
+        blocking.append("logprobs: the engine returns none (generated or teacher-forced), so only token identity "
+                        "is compared")
     N = spec.max_new_tokens
     # a float32 claim is also judged under bf16's bounds, to say what kind of difference a FAIL is
     tol16 = rule.Tolerances.for_dtype("bfloat16") if spec.dtype == "float32" else None
     under16: list[int] = []
-    # a server that cannot be made to run past end-of-turn ends there; everything else decodes N tokens
-    eos_ids = tuple(model.tokenizer.eos_ids) if api and model.tokenizer is not None else ()
+    # an engine that cannot be made to run past end-of-turn ends there; everything else decodes N tokens
+    eos_ids = tuple(model.tokenizer.eos_ids) if not caps.runs_past_eos and model.tokenizer is not None else ()
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][1]))  # similar lengths batch well
     per_prompt: list[dict | None] = [None] * len(encoded)
     matched: list[float] = []
@@ -120,23 +120,17 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
         rtoks = [g.token_ids for g in rgen]
         egen = eng.generate(prompts, N, top_k=5)
         text_only = [_resolve_by_text(model.tokenizer, rg, eg) for rg, eg in zip(rgen, egen)]
-        if not api:
-            forced = [rule.Forced(logits=x) for x in eng.decode_forced(prompts, rtoks)]
-        elif "echo_logprobs" in caps:
-            forced = [rule.Forced(token_logprobs=lp, top_ids=ids) for lp, ids, _ in eng.forced_topk(prompts, rtoks, 5)]
-        else:
-            forced = [None] * len(prompts)
-        rec_logits = recipe.decode_forced(prompts, rtoks) if recipe is not None else [None] * len(prompts)
-        for i, rg, eg, fo, rl, how in zip(idx, rgen, egen, forced, rec_logits, text_only):
+        forced = eng.forced_topk(prompts, rtoks, 5, want_logits=caps.logits) if caps.forced else [None] * len(idx)
+        rec = recipe.forced_topk(prompts, rtoks, 1, want_logits=caps.logits) if recipe else [None] * len(idx)
+        for i, rg, eg, fo, rl, how in zip(idx, rgen, egen, forced, rec, text_only):
             if how == "unresolved":  # the server's text differs and its ids cannot be recovered: not judged
                 blocking.append(f"prompt {encoded[i][0].id}: the server returned no token ids and its text is not "
                                 "valid UTF-8, so where it differs from the reference's cannot be located in tokens")
                 eg = rg  # placeholder so the record's shape holds; counted as not checked above
-            rec = rule.compare_prompt(rg.logits, rg.token_ids, eg.token_ids, eg.top_logprobs, fo, tol,
-                                      eos_ids=eos_ids)
+            track = rg.track()
+            rec = rule.compare_prompt(rg.token_ids, track, fo, eg, tol, eos_ids=eos_ids)
             if tol16 is not None and how != "unresolved":  # the same positions under bf16's bounds
-                r16 = rule.compare_prompt(rg.logits, rg.token_ids, eg.token_ids, eg.top_logprobs, fo, tol16,
-                                          eos_ids=eos_ids)
+                r16 = rule.compare_prompt(rg.token_ids, track, fo, eg, tol16, eos_ids=eos_ids)
                 under16.append(len(r16["real_positions"]))
             if how is not None:
                 rec["compared_as"] = how
@@ -145,9 +139,8 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
                                 "not line up with the reference's tokens, so none were compared")
             if rl is not None and rec["_drift"] is not None:
                 drift_e.append(rec["_drift"])
-                drift_r.append(metrics.kl(rg.logits, rl) if not api else np.abs(
-                    metrics.log_softmax(rl)[np.arange(N), rg.token_ids] - metrics.log_softmax(rg.logits)[
-                        np.arange(N), rg.token_ids]))
+                drift_r.append(metrics.kl(rg.logits, rl.logits) if caps.logits
+                               else np.abs(rl.token_logprobs - track.token_logprobs))
             matched.extend(float(x) for x in rec.pop("_matched"))
             rec.pop("_drift")
             p = encoded[i][0]
@@ -162,7 +155,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
     if spec.dtype != "float32" and not drift["checked"]:
         not_checked.append(drift["why"])
     bisection = None
-    if first_real is not None and not api:
+    if first_real is not None and caps.taps:
         i, j, rtoks = first_real
         bisection = _bisect(ref, eng, encoded[i][1], rtoks, j, tap_tol)
         bisection["prompt"] = encoded[i][0].id
@@ -176,11 +169,11 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
     summary = {"max_dlogprob": metrics.summary(r["tf"]["max_dlogprob"] for r in per_prompt
                                                if r["tf"]["max_dlogprob"] is not None),
                "argmax_agreement": float(np.mean([r["tf"]["argmax_agreement"] for r in per_prompt]))}
-    if not api:
+    if caps.logits:
         summary |= {"max_dlogit": metrics.summary(r["tf"]["max_dlogit"] for r in per_prompt),
                     "kl": metrics.summary(v for r in per_prompt for v in r["tf"]["kl"])}
     character = rule.character(per_prompt, real, sum(under16), tol16) if tol16 is not None else None
-    return {
+    out = {
         "verdict": verdict,
         "character": character,
         "engine": spec.engine, "against": spec.against, "model": spec.model,
@@ -193,7 +186,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
         "distribution_mismatches": sum(len(r["distribution_mismatches"]) for r in per_prompt),
         "tolerances": {"dlogit": tol.dlogit, "kl": tol.kl, "noise": tol.noise, "logprob": tol.logprob},
         "tolerance_overrides": tol.overrides(),
-        "kl_tolerance": None if api else tol.kl,
+        "kl_tolerance": tol.kl if caps.logits else None,
         "logprob_tolerance": tol.logprob,
         "noise_tolerance": tol.noise,
         "noise_tolerance_rule": ("a divergence is benign iff the engine's token is within the noise tolerance of "
@@ -202,7 +195,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
         "bf16_drift": drift,
         "checks_not_possible": not_checked,
         "not_checked": blocking,
-        "engine_capabilities": capability_report(eng),
+        "engine_capabilities": caps.report(),
         "prompts_identical": sum(r["first_divergence"] is None and r.get("compared_as") != "unresolved"
                                  for r in per_prompt),
         "observed_noise": metrics.summary(matched),
@@ -214,6 +207,11 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
         "versions": versions(), "spec": {k: v for k, v in asdict(spec).items() if k != "remote"},
         "seconds": round(time.time() - t0, 1),
     }
+    typed = {k: out.pop(k) for k in ("verdict", "engine", "model", "dtype", "fault", "prompts", "positions",
+                                      "real_mismatches", "benign_divergences", "prompts_identical",
+                                      "noise_tolerance")}
+    return DiffResult(**typed, not_checked=tuple(out.pop("not_checked")),
+                      checks_not_possible=tuple(out.pop("checks_not_possible")), details=out)
 
 
 def _resolve_by_text(tok, rg, eg) -> str | None:
@@ -233,8 +231,6 @@ def _resolve_by_text(tok, rg, eg) -> str | None:
 
 def _bisect(ref, eng, prompt, rtoks, j, tap_tol) -> dict:
     """First layer whose residual stream at position j leaves tap_tol (teacher-forced prefix)."""
-    if "taps" not in getattr(eng, "capabilities", ()) or not hasattr(eng, "step_taps"):
-        return {"position": j, "layer": None, "note": "engine provides no per-layer taps"}
     want = ref.score([list(prompt) + list(rtoks[:j])], want_taps=True)[0].taps[:, -1]  # [L, D]
     if j == 0:  # the first token comes from the engine's prefill
         got = eng.score([list(prompt)], want_taps=True)[0].taps[:, -1]

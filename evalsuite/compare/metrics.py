@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = np.asarray(logits, np.float64)
-    z = x - x.max(axis=-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+from engines.base import log_softmax  # noqa: F401  (one definition)
 
 
 def kl(ref_logits: np.ndarray, eng_logits: np.ndarray) -> np.ndarray:
@@ -44,9 +40,3 @@ def summary(values) -> dict:
         return {"n": 0}
     return {"n": int(v.size), "mean": float(v.mean()), "p50": float(np.percentile(v, 50)),
             "p90": float(np.percentile(v, 90)), "p99": float(np.percentile(v, 99)), "max": float(v.max())}
-
-
-def classify(ref_margin: float, noise_tol: float) -> str:
-    """A divergence where the reference's own top-1/top-2 gap is below the noise tolerance is a
-    near-tie that numerical noise can flip ("benign"); anywhere else it is a real mismatch."""
-    return "benign" if ref_margin < noise_tol else "real"

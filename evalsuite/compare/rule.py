@@ -1,4 +1,6 @@
-"""The one comparison rule: an engine against the float32 reference, position by position.
+"""The one comparison rule and the one comparator (`compare_prompt`): an engine against the float32
+reference (or the reference's pinned golden outputs), position by position, over one record type
+(engines.base.Forced: tokens + top-k logprobs, full logits as an optional extra).
 
 Every engine (in-process with full logits, or over an HTTP API with top-k logprobs) is judged by
 the same rule; what an engine cannot show is reported as "not checked", never assumed fine.
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engines.base import Forced, Generation
 from evalsuite.compare import metrics
 
 DLOGIT_TOL = {"float32": 5e-4, "bfloat16": 1.0}
@@ -68,81 +71,102 @@ class Tolerances:
         return {"noise_tol": {"used": self.noise, "default": NOISE_TOL[self.dtype]}} if self.overridden else {}
 
 
-@dataclass
-class Forced:
-    """The engine teacher-forced along the reference's tokens: full logits [N, V], or (over an
-    API) the reference token's logprob [N] and the top-k ids/logprobs [N, k]."""
+def _ref_view(ref: Forced):
+    """(logprob of id e at position j, margin per position, rank of e at j)
+    from the reference's record: exact from full logits; from its top-k otherwise (an id outside the
+    top-k has an unknown logprob: -inf, so a flip to it is never within the noise tolerance)."""
+    if ref.logits is not None:
+        lp = metrics.log_softmax(ref.logits)
+        return (lambda j, e: float(lp[j, e])), metrics.margin(ref.logits), \
+            (lambda j, e: metrics.rank_of(e, ref.logits[j]))
+    ids, vals = np.asarray(ref.top_ids), np.asarray(ref.top_logprobs, np.float64)
 
-    logits: np.ndarray | None = None
-    token_logprobs: np.ndarray | None = None
-    top_ids: np.ndarray | None = None
+    def at(j, e):
+        hit = np.flatnonzero(ids[j] == e)
+        return float(vals[j, hit[0]]) if hit.size else -np.inf
+
+    def rank(j, e):
+        hit = np.flatnonzero(ids[j] == e)
+        return int(hit[0]) if hit.size else None
+
+    marg = vals[:, 0] - vals[:, 1] if vals.shape[1] > 1 else np.full(len(vals), np.inf)
+    return at, marg, rank
 
 
-def compare_prompt(ref_logits: np.ndarray, ref_tokens, gen_tokens, gen_top_logprobs,
-                   forced: Forced | None, tol: Tolerances, eos_ids=()) -> dict:
-    """Classify every position of one prompt. ref_logits [N, V] along the reference's tokens;
-    gen_tokens / gen_top_logprobs: the engine's free-running greedy tokens and, per position, the
-    logprob of its top token (may be empty when it gives none). eos_ids: an engine that cannot be
-    made to run past end-of-turn (a server without ignore_eos) may end with one of them where the
-    reference has the same token: that is agreement, and the positions after it are not compared."""
-    ref_lp = metrics.log_softmax(ref_logits)
-    rt = np.asarray(ref_tokens)
+def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generation | None, tol: Tolerances,
+                   eos_ids=()) -> dict:
+    """The one comparator (diff, golden check, serve's self-check). Classify every position of one prompt.
+
+    ref: the judge's record along ref_tokens (the reference's greedy track with full logits, or a golden
+    file's top-k); forced: the engine teacher-forced along ref_tokens (full logits, or top-k from an API),
+    None where the engine cannot be teacher-forced; gen: the engine's free-running greedy generation
+    from the same prompt, None where only the teacher-forced path is judged (golden check).
+    What is measured depends on what both records hold: |Δlogit| and KL where both have full logits,
+    else |Δlogprob| (of the reference's top-k ids where the engine has full logits, of the reference's
+    token otherwise). eos_ids: an engine that cannot be made to run past end-of-turn (a server without
+    ignore_eos) may end with one of them where the reference has the same token: that is agreement,
+    and the positions after it are not compared."""
+    lp_at, marg, rank_at = _ref_view(ref)
+    rt = np.asarray(ref_tokens, np.int64)
     n = len(rt)
-    top1 = ref_logits.max(axis=-1)
-    ref_tok_lp = ref_lp[np.arange(n), rt]
-    marg = metrics.margin(ref_logits)
+    ref_tok_lp = np.asarray(ref.token_logprobs, np.float64)
     real, benign, dist = set(), set(), set()
     dlogit = kl = dlp = None
     agree = np.ones(n, bool)
+    arg = None
     if forced is not None and forced.logits is not None:
-        eng = forced.logits
-        dlogit = np.abs(ref_logits - eng).max(axis=-1)
-        kl = metrics.kl(ref_logits, eng)
-        dlp = np.abs(metrics.log_softmax(eng)[np.arange(n), rt] - ref_tok_lp)
-        arg = eng.argmax(axis=-1)
-        within = (dlogit <= tol.dlogit) & (kl <= tol.kl)
+        elp = metrics.log_softmax(forced.logits)
+        arg = forced.logits.argmax(axis=-1)
+        if ref.logits is not None:
+            dlogit = np.abs(ref.logits - forced.logits).max(axis=-1)
+            kl = metrics.kl(ref.logits, forced.logits)
+            dlp = np.abs(elp[np.arange(n), rt] - ref_tok_lp)
+            within = (dlogit <= tol.dlogit) & (kl <= tol.kl)
+        else:  # the judge holds top-k only: every one of its top-k ids' logprobs
+            ids = np.asarray(ref.top_ids)
+            dlp = np.abs(np.take_along_axis(elp, ids, axis=-1) - np.asarray(ref.top_logprobs, np.float64)).max(-1)
+            within = dlp <= tol.logprob
     elif forced is not None:
         dlp = np.abs(np.asarray(forced.token_logprobs, np.float64) - ref_tok_lp)
         arg = np.asarray(forced.top_ids)[:, 0]
         within = dlp <= tol.logprob
-    else:
-        arg = None
     if arg is not None:
         agree = arg == rt
         for j in np.flatnonzero(~agree):
-            gap = float(top1[j] - ref_logits[j, int(arg[j])])
+            gap = _gap(ref_tok_lp[j], lp_at(j, int(arg[j])))
             (benign if gap < tol.noise and within[j] else real).add(int(j))
         dist |= {int(j) for j in np.flatnonzero(agree & ~within)}
     # the free-running path: identical contexts up to the first divergence, so the engine's own
     # logprob of each token it generated must match the reference's, and its token at the first
     # divergence is judged by the same near-tie rule
-    et = list(gen_tokens)
-    glp = np.asarray(gen_top_logprobs, np.float64).reshape(len(gen_top_logprobs), -1)[:, 0] \
-        if len(gen_top_logprobs) else np.zeros(0)
-    fd = next((j for j, (a, b) in enumerate(zip(rt, et)) if a != b), None)
-    stopped_at = None
-    if fd is None and len(et) < n:
-        if et and int(et[-1]) in set(map(int, eos_ids)):
-            stopped_at = len(et)  # ended at end-of-turn with the reference; nothing after it to compare
-        else:
-            fd = len(et)
-    upto = (n if stopped_at is None else stopped_at) if fd is None else fd
-    gen_d = np.abs(glp[:upto] - ref_tok_lp[:len(glp[:upto])])
-    dist |= {int(j) for j in np.flatnonzero(gen_d > tol.logprob)}
-    first = None
-    if fd is not None and fd < len(et):
-        e = int(et[fd])
-        gap = float(top1[fd] - ref_logits[fd, e])
-        own = abs(float(glp[fd]) - float(ref_lp[fd, e])) if fd < len(glp) else None
-        ok = gap < tol.noise and (own is None or own <= tol.logprob) and fd not in real | dist
-        (benign if ok else real).add(fd)
-        first = {"position": fd, "reference_token": int(rt[fd]), "engine_token": e, "reference_gap": float(marg[fd]),
-                 "gap_to_engine_token": gap, "engine_token_rank_in_reference": metrics.rank_of(e, ref_logits[fd]),
-                 "engine_token_dlogprob": own, "class": "benign" if ok else "real"}
-    elif fd is not None:
-        real.add(fd)
-        first = {"position": fd, "reference_token": int(rt[fd]), "engine_token": None,
-                 "note": "the engine's generation ended here", "class": "real"}
+    first, stopped_at, gen_d, upto = None, None, np.zeros(0), n
+    if gen is not None:
+        et = list(gen.token_ids)
+        glp = np.asarray(gen.top_logprobs, np.float64).reshape(len(gen.top_logprobs), -1)[:, 0] \
+            if len(gen.top_logprobs) else np.zeros(0)
+        fd = next((j for j, (a, b) in enumerate(zip(rt, et)) if a != b), None)
+        if fd is None and len(et) < n:
+            if et and int(et[-1]) in set(map(int, eos_ids)):
+                stopped_at = len(et)  # ended at end-of-turn with the reference; nothing after it to compare
+            else:
+                fd = len(et)
+        upto = (n if stopped_at is None else stopped_at) if fd is None else fd
+        gen_d = np.abs(glp[:upto] - ref_tok_lp[:len(glp[:upto])])
+        dist |= {int(j) for j in np.flatnonzero(gen_d > tol.logprob)}
+        if fd is not None and fd < len(et):
+            e = int(et[fd])
+            gap = _gap(ref_tok_lp[fd], lp_at(fd, e))
+            own = abs(float(glp[fd]) - lp_at(fd, e)) if fd < len(glp) else None
+            ok = gap < tol.noise and (own is None or own <= tol.logprob) and fd not in real | dist
+            (benign if ok else real).add(fd)
+            first = {"position": fd, "reference_token": int(rt[fd]), "engine_token": e,
+                     "reference_gap": float(marg[fd]), "gap_to_engine_token": gap,
+                     "engine_token_rank_in_reference": rank_at(fd, e), "engine_token_dlogprob": own,
+                     "class": "benign" if ok else "real"}
+        elif fd is not None:
+            real.add(fd)
+            first = {"position": fd, "reference_token": int(rt[fd]), "engine_token": None,
+                     "note": "the engine's generation ended here", "class": "real"}
     benign -= real
     dist -= real
     d = dlogit if dlogit is not None else dlp
@@ -158,8 +182,16 @@ def compare_prompt(ref_logits: np.ndarray, ref_tokens, gen_tokens, gen_top_logpr
                    "dlogprob": None if dlp is None else [float(x) for x in dlp],
                    "max_dlogprob": _nanmax(np.concatenate([dlp if dlp is not None else [], gen_d])),
                    "dlogprob_generated": [float(x) for x in gen_d],
-                   "argmax_agreement": float(agree.mean()) if arg is not None else float(upto / n)},
+                   "argmax_agreement": float(agree.mean()) if arg is not None else float(upto / max(n, 1))},
             "_matched": matched, "_drift": (kl if kl is not None else dlp)}
+
+
+def _gap(judge_token_lp: float, engine_token_lp: float) -> float:
+    """How far apart the judge puts its own token and the engine's (log-prob = logit gap); infinite where
+    either is unknown (outside a top-k judge record), so that flip is never a near-tie. The judge's token is
+    its top-1 in diff; a golden file's token may not be (an edited file), hence the absolute value."""
+    g = abs(float(judge_token_lp) - float(engine_token_lp))
+    return g if np.isfinite(g) else np.inf
 
 
 def _nanmax(v: np.ndarray) -> float | None:

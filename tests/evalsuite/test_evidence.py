@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engines.base import Forced, Generation
 from evalsuite.compare import rule
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -24,6 +25,13 @@ def _ref(seed=0):
     rng = np.random.default_rng(seed)
     logits = rng.normal(0, 3, (N, V))
     return logits, logits.argmax(-1)
+
+
+def _cmp(ref, toks, gen_toks, gen_lp, forced, tol):
+    """The one comparator, fed as diff feeds it: the reference's track from its logits, the engine's
+    free-running tokens with their logprobs, and its teacher-forced record."""
+    g = Generation([], [int(t) for t in gen_toks], np.zeros((len(gen_toks), 1), np.int64), np.asarray(gen_lp), "length")
+    return rule.compare_prompt(toks, Forced.from_logits(ref, toks, 5), forced, g, tol)
 
 
 def _gen_lp(logits, toks):
@@ -40,14 +48,14 @@ def test_near_tie_rule_looks_at_the_engine_token():
     eng = ref.copy()
     eng[1, V - 1] = 20.0  # the engine picks the token the reference ranks last
     tol = rule.Tolerances.for_dtype("bfloat16")
-    rec = rule.compare_prompt(ref, toks, toks, _gen_lp(ref, toks), rule.Forced(logits=eng), tol)
+    rec = _cmp(ref, toks, toks, _gen_lp(ref, toks), Forced.from_logits(eng, toks, 5), tol)
     assert 1 in rec["token_mismatches"] and 1 not in rec["benign_positions"]
     # a near-tie (gap 0.01) where the engine picks the runner-up and moves nothing else: benign
     ref[1, 1] = 9.99
     toks = ref.argmax(-1)
     eng2 = ref.copy()
     eng2[1, 1], eng2[1, 0] = 9.995, 9.994
-    rec = rule.compare_prompt(ref, toks, toks, _gen_lp(ref, toks), rule.Forced(logits=eng2), tol)
+    rec = _cmp(ref, toks, toks, _gen_lp(ref, toks), Forced.from_logits(eng2, toks, 5), tol)
     assert rec["benign_positions"] == [1] and rec["real_positions"] == []
 
 
@@ -56,10 +64,10 @@ def test_float32_logit_shift_without_a_flip_is_real():
     ref, toks = _ref(1)
     eng = ref.copy()
     eng[2, 7] += 0.045 if ref[2, 7] < ref[2].max() - 1 else -0.045
-    rec = rule.compare_prompt(ref, toks, toks, _gen_lp(ref, toks), rule.Forced(logits=eng),
+    rec = _cmp(ref, toks, toks, _gen_lp(ref, toks), Forced.from_logits(eng, toks, 5),
                               rule.Tolerances.for_dtype("float32"))
     assert rec["distribution_mismatches"] == [2] and rec["token_mismatches"] == []
-    ok = rule.compare_prompt(ref, toks, toks, _gen_lp(ref, toks), rule.Forced(logits=ref + 1e-5),
+    ok = _cmp(ref, toks, toks, _gen_lp(ref, toks), Forced.from_logits(ref + 1e-5, toks, 5),
                              rule.Tolerances.for_dtype("float32"))
     assert ok["real_positions"] == []
 
@@ -69,7 +77,7 @@ def test_free_running_divergence_is_judged_for_full_logit_engines():
     ref, toks = _ref(2)
     bad = toks.copy()
     bad[2] = int(ref[2].argmin())  # far from the top-1
-    rec = rule.compare_prompt(ref, toks, bad, _gen_lp(ref, bad), rule.Forced(logits=ref.copy()),
+    rec = _cmp(ref, toks, bad, _gen_lp(ref, bad), Forced.from_logits(ref.copy(), toks, 5),
                               rule.Tolerances.for_dtype("float32"))
     assert rec["first_divergence"]["position"] == 2 and rec["first_divergence"]["class"] == "real"
     assert 2 in rec["real_positions"]
@@ -83,8 +91,9 @@ def test_api_shaped_results_make_a_report(tmp_path):
     bad = toks.copy()
     bad[1] = int(ref[1].argmin())
     lp = rule.metrics.log_softmax(ref)
-    forced = rule.Forced(token_logprobs=lp[np.arange(N), toks], top_ids=np.argsort(-ref, -1)[:, :5])
-    rec = rule.compare_prompt(ref, toks, bad, _gen_lp(ref, bad), forced, rule.Tolerances.for_dtype("float32"))
+    ids = np.argsort(-ref, -1)[:, :5]
+    forced = Forced(lp[np.arange(N), toks], ids, np.take_along_axis(lp, ids, -1))
+    rec = _cmp(ref, toks, bad, _gen_lp(ref, bad), forced, rule.Tolerances.for_dtype("float32"))
     rec.pop("_matched"), rec.pop("_drift")
     result = {"verdict": "FAIL", "engine": "openai", "against": "reference", "model": "m", "dtype": "float32",
               "fault": None, "prompts": 1, "prompt_set": "x", "prompt_set_sha256": "0" * 64, "max_new_tokens": N,
@@ -123,15 +132,15 @@ def test_in_process_fingerprint_changes_with_one_source_line(tmp_path):
 
 def test_changed_engine_never_reuses_journal_answers(mini_llama, monkeypatch, tmp_path):
     from engines.megakernel import MegakernelEngine
-    from evalsuite.bench.adapter import MegakernelLM
+    from evalsuite.bench.adapter import EngineLM
 
     journal = tmp_path / "j.jsonl"
-    lm = MegakernelLM(model="mini-llama", journal=str(journal), progress=False)
+    lm = EngineLM(engine="megakernel", model="mini-llama", journal=str(journal), progress=False)
     lm._loglikelihood_tokens([(None, [1, 2, 3], [4])])
     lm.journal.close()
     calls = []
     monkeypatch.setattr(MegakernelEngine, "fingerprint", property(lambda self: "another-kernel"))
-    lm2 = MegakernelLM(model="mini-llama", journal=str(journal), progress=False)
+    lm2 = EngineLM(engine="megakernel", model="mini-llama", journal=str(journal), progress=False)
     orig = lm2._score_one
     monkeypatch.setattr(lm2, "_score_one", lambda *a: calls.append(a) or orig(*a))
     lm2._loglikelihood_tokens([(None, [1, 2, 3], [4])])

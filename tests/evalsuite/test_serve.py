@@ -244,4 +244,4 @@ def test_golden_check_over_the_api(mini_server):
     r = json.loads(p.stdout)
     assert p.returncode == 0 and r["verdict"] == "PASS", r
     s = r["models"]["mini-llama"]["summary"]
-    assert s["positions"] > 0 and s["max_dlogprob"] <= 1e-3 and "over an API" in s["note"]
+    assert s["positions"] > 0 and s["max_dlogprob"] <= 1e-3 and "teacher-forced by its decode path" in s["measure"]

@@ -20,18 +20,19 @@ def _engine(fake: Fake, mini_llama, **kw) -> OpenAIEngine:
 def test_probe_declares_capabilities(mini_llama):
     with Fake("ok") as f:
         e = _engine(f, mini_llama)
-        assert {"generate", "token_ids", "gen_logprobs", "echo_logprobs", "tokenize"} <= e.capabilities
+        assert {"generate", "token_ids", "gen_logprobs", "echo_logprobs", "tokenize"} <= e.usable
         assert e.model_id == "fake-model" and e.config.max_context == min(mini_llama.config.max_context, 4096)
         g = e.generate([[10, 11]], 3, top_k=1)[0]
         assert g.token_ids == [5, 6, 7] and g.top_logprobs[:, 0].tolist() == [-0.5] * 3
-        lp, ids, _ = e.forced_topk([[10, 11]], [[12, 13]], 1)[0]
+        f = e.forced_topk([[10, 11]], [[12, 13]], 1)[0]
+        lp, ids = f.token_logprobs, f.top_ids
         assert lp.tolist() == [-0.5, -0.5] and ids[:, 0].tolist() == [12, 13]
 
 
 def test_bare_server_says_what_is_impossible(mini_llama):
     with Fake("minimal") as f:
         e = _engine(f, mini_llama)
-        assert e.capabilities == {"generate"}  # it ignores stop strings: the probe finds out
+        assert e.usable == {"generate"}  # it ignores stop strings: the probe finds out
         assert any("re-tokenized" in n for n in e.notes) and any("loglikelihood" in n for n in e.notes)
         g = e.generate([[10, 11]], 3, top_k=1)[0]
         assert g.token_ids == mini_llama.tokenizer.encode("abc")  # from the text, said in notes
@@ -45,7 +46,7 @@ def test_retries_then_succeeds(mini_llama):
         assert e.model_id == "fake-model"
         # two 500s answered the first probe request and were retried: it is not mistaken for a refusal
         assert f.requests[0][0] == "/v1/models" and e.findings["token_prompts"].ok
-        assert {"generate", "token_ids", "gen_logprobs", "echo_logprobs"} <= e.capabilities
+        assert {"generate", "token_ids", "gen_logprobs", "echo_logprobs"} <= e.usable
 
 
 @pytest.mark.parametrize("mode", ["http500", "malformed", "partial"])
@@ -95,16 +96,17 @@ def test_missing_key_variable_and_bad_url(mini_llama, monkeypatch):
 
 def test_no_partial_answers_in_the_journal(mini_llama, tmp_path, monkeypatch):
     """A generate_until batch whose server fails midway records nothing as an answer."""
-    from evalsuite.bench.adapter import OpenAILM
+    from evalsuite.bench.adapter import EngineLM
 
     with Fake("ok") as f:
-        lm = OpenAILM(model="mini-llama", base_url=f.url, journal=str(tmp_path / "j.jsonl"), progress=False)
+        lm = EngineLM(engine="openai", model="mini-llama", base_url=f.url, journal=str(tmp_path / "j.jsonl"),
+                      progress=False)
         f.mode = "flaky"
         f.fail_first = f.completions + MAX_ATTEMPTS  # every attempt of the next call fails
 
         class Req:
             def __init__(self, ctx):
-                self.args = (ctx, {"until": ["\n"], "max_gen_toks": 3})
+                self.args, self.doc = (ctx, {"until": ["\n"], "max_gen_toks": 3}), None
 
         with pytest.raises(ModelError):
             lm.generate_until([Req("1 + 1 ="), Req("2 + 2 =")])
@@ -148,7 +150,7 @@ def test_unstated_echo_path_cannot_pass(mini_llama):
 
     with Fake("ok") as f:
         e = _engine(f, mini_llama)
-        assert "echo_logprobs" in e.capabilities and e.echo_path is None
+        assert "echo_logprobs" in e.usable and e.echo_path is None
         assert e.echo_not_checked and "decode path" in e.echo_not_checked[0]
         r = golden.check("mini-llama", "openai", remote=R(f.url))
         assert r.verdict != "PASS" and r.not_checked
@@ -157,14 +159,14 @@ def test_unstated_echo_path_cannot_pass(mini_llama):
 def test_journal_reuse_needs_the_same_canary(mini_llama, tmp_path):
     """The canary's logprobs are compared, not hashed: a server whose values move by less than the
     bound (a prompt cache) resumes its journal; one whose values move by more is refused in one line."""
-    from evalsuite.bench.adapter import OpenAILM
+    from evalsuite.bench.adapter import EngineLM
     from evalsuite.errors import SpecError
 
     j = str(tmp_path / "j.jsonl")
     with Fake("ok", lp=-0.5) as f:
-        OpenAILM(model="mini-llama", base_url=f.url, journal=j, progress=False).journal.close()
+        EngineLM(engine="openai", model="mini-llama", base_url=f.url, journal=j, progress=False).journal.close()
         f.lp = -0.55  # within CANARY_TOL (0.1): the same engine
-        OpenAILM(model="mini-llama", base_url=f.url, journal=j, progress=False).journal.close()
+        EngineLM(engine="openai", model="mini-llama", base_url=f.url, journal=j, progress=False).journal.close()
         f.lp = -0.9
         with pytest.raises(SpecError, match="canary differently.*not the same engine"):
-            OpenAILM(model="mini-llama", base_url=f.url, journal=j, progress=False)
+            EngineLM(engine="openai", model="mini-llama", base_url=f.url, journal=j, progress=False)

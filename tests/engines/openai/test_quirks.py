@@ -21,7 +21,8 @@ def _engine(srv, model) -> OpenAIEngine:
 def _diff(url: str, prompts: str = "quick", n: int = 8, model: str = "mini-llama") -> dict:
     from evalsuite.compare.diff import DiffSpec, run_diff
 
-    return run_diff(DiffSpec(engine="openai", model=model, prompts=prompts, max_new_tokens=n, remote=Remote(url)))
+    spec = DiffSpec(engine="openai", model=model, prompts=prompts, max_new_tokens=n, remote=Remote(url))
+    return run_diff(spec).to_json()
 
 
 # ---- error classification (no server needed) --------------------------------------------------------
@@ -57,7 +58,7 @@ def test_probe_reports_llama_cpp_capabilities_right(llama_like, smollm2, smollm2
     assert f["gen_logprobs"].ok and f["greedy"].ok
     assert f["echo_logprobs"].ok and f["echo_consistency"].ok is False and "MISALIGNED" in f["echo_consistency"].detail
     assert f["chat"].ok and f["stop_strings"].ok and f["max_context"].ok is False
-    assert e.capabilities == {"generate", "gen_logprobs", "tokenize", "stop_strings", "chat"}
+    assert e.usable == {"generate", "gen_logprobs", "tokenize", "stop_strings", "chat"}
     assert not e.prompt_not_checked  # text prompts, each checked through /extras/tokenize
     with pytest.raises(ModelError, match="MISALIGNED"):
         e.forced_topk([[504, 3458]], [[314]])
@@ -101,7 +102,7 @@ def test_unverifiable_echo_is_refused(mini_llama):
     with QuirkServer(mini_llama, {"no_token_ids", "misaligned_echo"}) as srv:
         e = _engine(srv, mini_llama)
         assert e.findings["echo_logprobs"].ok and e.findings["echo_consistency"].ok is None
-        assert "echo_logprobs" not in e.capabilities
+        assert "echo_logprobs" not in e.usable
         with pytest.raises(ModelError, match="echo consistency: not checked"):
             e.forced_topk([[72, 105]], [[33]])
 
@@ -111,12 +112,12 @@ def test_misaligned_echo_alone_is_named_and_refused(mini_llama):
     with QuirkServer(mini_llama, {"misaligned_echo"}) as srv:
         e = _engine(srv, mini_llama)
         assert e.findings["token_prompts"].ok and e.findings["token_ids"].ok
-        assert "MISALIGNED" in e.findings["echo_consistency"].detail and "echo_logprobs" not in e.capabilities
+        assert "MISALIGNED" in e.findings["echo_consistency"].detail and "echo_logprobs" not in e.usable
         with pytest.raises(ModelError, match="MISALIGNED"):
             e.forced_topk([[72, 105]], [[33]])
     with QuirkServer(mini_llama, ()) as srv:  # control: the same server without the quirk
         e = _engine(srv, mini_llama)
-        assert e.findings["echo_consistency"].ok and "echo_logprobs" in e.capabilities
+        assert e.findings["echo_consistency"].ok and "echo_logprobs" in e.usable
 
 
 def test_text_prompts_without_tokenize_cannot_pass(mini_llama):

@@ -58,9 +58,9 @@ def test_simple_evaluate_offline(task_dir, engine, monkeypatch):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from evalsuite.bench.adapter import MegakernelLM, ReferenceLM
+    from evalsuite.bench.adapter import EngineLM
 
-    lm = (ReferenceLM if engine == "reference" else MegakernelLM)(model="mini-llama")
+    lm = EngineLM(engine=engine, model="mini-llama")
     res = lm_eval.simple_evaluate(model=lm, tasks=["tiny_gen", "tiny_ll"],
                                   task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
                                   log_samples=True)
@@ -105,10 +105,10 @@ def test_adapters_agree_on_loglikelihood():
     is not enough: session 1's adapter scored the wrong (shifted by one) tokens in both engines."""
     import numpy as np
 
-    from evalsuite.bench.adapter import MegakernelLM, ReferenceLM
+    from evalsuite.bench.adapter import EngineLM
 
-    ref_lm = ReferenceLM(model="mini-llama")
-    mk_lm = MegakernelLM(model="mini-llama")
+    ref_lm = EngineLM(engine="reference", model="mini-llama")
+    mk_lm = EngineLM(engine="megakernel", model="mini-llama")
     # the last case has a one-token context: the adapter's score-path branch (len(seq) - n < 2)
     for ctx, cont in [([5, 9, 30, 44], [71, 12]), ([5, 9, 30, 44, 8, 3], [71, 12, 99, 4]), ([7, 7], [33]),
                       ([7], [33, 5])]:
@@ -128,10 +128,10 @@ def test_adapters_agree_on_loglikelihood():
 def test_sampling_is_refused():
     from lm_eval.api.instance import Instance
 
-    from evalsuite.bench.adapter import ReferenceLM
+    from evalsuite.bench.adapter import EngineLM
     from evalsuite.errors import SpecError
 
-    lm = ReferenceLM(model="mini-llama")
+    lm = EngineLM(engine="reference", model="mini-llama")
     req = Instance("generate_until", {}, ("2 + 2 =", {"do_sample": True, "temperature": 0.7}), 0)
     with pytest.raises(SpecError, match="greedily"):
         lm.generate_until([req])

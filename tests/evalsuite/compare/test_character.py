@@ -17,14 +17,12 @@ def _judge(model, engine) -> dict:
     ps = [model.tokenizer.encode(t) for t in ("Hello there, friend.", "1 2 3 4 5", "The cat sat on")]
     rgen = ref.generate(ps, N, top_k=5, want_logits=True)
     egen = engine.generate(ps, N, top_k=5)
-    forced = engine.decode_forced(ps, [g.token_ids for g in rgen])
+    forced = engine.forced_topk(ps, [g.token_ids for g in rgen], 5, want_logits=True)
     t32, t16 = rule.Tolerances.for_dtype("float32"), rule.Tolerances.for_dtype("bfloat16")
     recs, real16 = [], 0
     for rg, eg, fo in zip(rgen, egen, forced):
-        recs.append(rule.compare_prompt(rg.logits, rg.token_ids, eg.token_ids, eg.top_logprobs,
-                                        rule.Forced(logits=fo), t32))
-        real16 += len(rule.compare_prompt(rg.logits, rg.token_ids, eg.token_ids, eg.top_logprobs,
-                                          rule.Forced(logits=fo), t16)["real_positions"])
+        recs.append(rule.compare_prompt(rg.token_ids, rg.track(), fo, eg, t32))
+        real16 += len(rule.compare_prompt(rg.token_ids, rg.track(), fo, eg, t16)["real_positions"])
     real = sum(len(r["real_positions"]) for r in recs)
     return rule.character(recs, real, real16, t16)
 

@@ -21,7 +21,7 @@ QUICK32 = dict(prompts="quick", max_new_tokens=32)  # 256 positions: enough for 
 @pytest.mark.heavy
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_faithful_megakernel_passes(smollm2, dtype):
-    r = run_diff(DiffSpec(model="smollm2-135m", dtype=dtype, **(QUICK if dtype == "float32" else QUICK32)))
+    r = run_diff(DiffSpec(model="smollm2-135m", dtype=dtype, **(QUICK if dtype == "float32" else QUICK32))).to_json()
     assert r["verdict"] == "PASS", r["per_prompt"]
     assert r["real_mismatches"] == 0
     if dtype == "float32":
@@ -33,7 +33,7 @@ def test_faithful_megakernel_passes(smollm2, dtype):
 @pytest.mark.heavy
 @pytest.mark.parametrize("fault", [f for f in FAULTS if f != "router_second_choice"])
 def test_each_fault_fails_on_smollm2(smollm2, fault):
-    r = run_diff(DiffSpec(model="smollm2-135m", fault=fault, **QUICK))
+    r = run_diff(DiffSpec(model="smollm2-135m", fault=fault, **QUICK)).to_json()
     assert r["verdict"] == "FAIL"
     assert r["real_mismatches"] > 0
     named = [p for p in r["per_prompt"] if p["real_positions"]]
@@ -48,7 +48,7 @@ def test_each_fault_fails_on_smollm2(smollm2, fault):
 def test_bf16_residual_fails_in_bf16_mode_on_smollm2(smollm2):
     """Regression (issue 10.6): PASSed in bf16 mode (0 real, 7/8 identical). The drift ratio against the
     reference's own bf16 recipe measured 1.59 on this set (bound 1.3; faithful 0.88)."""
-    r = run_diff(DiffSpec(model="smollm2-135m", dtype="bfloat16", fault="bf16_residual", **QUICK32))
+    r = run_diff(DiffSpec(model="smollm2-135m", dtype="bfloat16", fault="bf16_residual", **QUICK32)).to_json()
     assert r["verdict"] == "FAIL" and r["bf16_drift"]["checked"] and not r["bf16_drift"]["ok"]
 
 
@@ -60,19 +60,20 @@ def test_bf16_residual_fails_in_bf16_mode_on_smollm2(smollm2):
                                          ("bfloat16", "kv_stale"), ("bfloat16", "drop_layer"),
                                          ("bfloat16", "stale_feedback")]])
 def test_every_fault_fails_in_both_dtypes_on_mini_llama(mini_llama, fault, dtype):
-    r = run_diff(DiffSpec(model="mini-llama", fault=fault, dtype=dtype, **(QUICK if dtype == "float32" else QUICK32)))
+    spec = DiffSpec(model="mini-llama", fault=fault, dtype=dtype, **(QUICK if dtype == "float32" else QUICK32))
+    r = run_diff(spec).to_json()
     assert r["verdict"] == "FAIL", (fault, dtype, r["real_mismatches"], r["bf16_drift"])
 
 
 @pytest.mark.heavy  # 40 s; CI keeps golden check FAILing it on mini-moe (test_golden) and test_kernel's bound
 def test_router_fault_fails_on_mini_moe():
-    r = run_diff(DiffSpec(model="mini-moe", fault="router_second_choice", **QUICK))
+    r = run_diff(DiffSpec(model="mini-moe", fault="router_second_choice", **QUICK)).to_json()
     assert r["verdict"] == "FAIL" and r["real_mismatches"] > 0
 
 
 @pytest.mark.heavy
 def test_faithful_mini_moe_passes_and_bisection_absent():
-    r = run_diff(DiffSpec(model="mini-moe", **QUICK))
+    r = run_diff(DiffSpec(model="mini-moe", **QUICK)).to_json()
     assert r["verdict"] == "PASS" and r["bisection"] is None
 
 

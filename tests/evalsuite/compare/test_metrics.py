@@ -32,10 +32,19 @@ def test_topk_overlap_hand_worked():
     assert metrics.topk_overlap(ref, eng, 3)[0] == pytest.approx(2 / 3)
 
 
-def test_classification_rule():
-    assert metrics.classify(0.0004, 1e-3) == "benign"
-    assert metrics.classify(0.002, 1e-3) == "real"
-    assert metrics.classify(1e-3, 1e-3) == "real"  # the bound itself is not a near-tie
+@pytest.mark.parametrize("gap,cls", [(0.0004, "benign"), (0.00099, "benign"), (0.00101, "real"), (0.002, "real")])
+def test_tie_rule_through_the_one_comparator(gap, cls):
+    """A flip is benign only where the reference's gap to the engine's token is below the noise
+    tolerance (either side of the bound); distribution bounds wide open to isolate the rule."""
+    from engines.base import Forced
+    from evalsuite.compare.rule import Tolerances, compare_prompt
+
+    ref = np.array([[5.0, 5.0 - gap, 0.0, -1.0]])
+    eng = ref.copy()
+    eng[0, 1] = 5.0 + 1e-4  # the engine's top-1 is token 1
+    tol = Tolerances("float32", dlogit=1.0, kl=1.0, noise=1e-3, logprob=1.0)
+    rec = compare_prompt([0], Forced.from_logits(ref, [0], 2), Forced.from_logits(eng, [0], 2), None, tol)
+    assert (rec["benign_positions"], rec["token_mismatches"]) == (([0], []) if cls == "benign" else ([], [0]))
 
 
 def test_summary_percentiles():

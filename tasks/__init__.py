@@ -1,0 +1,1 @@
+"""Benchmark task definitions (lm-eval YAML) and bundled data, read through importlib.resources."""

@@ -1,0 +1,112 @@
+"""Engines plug in by entry point: the example plugin (examples/numpy-engine, installed by `nox -s tests`)
+goes through diff, golden check, run and serve; broken plugins get one-line errors; the one comparator
+judges serve's self-check; and nothing in evalsuite/ inspects an engine for what it is or has."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.evalsuite.test_serve import cli, served
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_engines_lists_the_builtins_and_the_example_plugin():
+    p = cli("engines", "--json")
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = {r["name"]: r for r in json.loads(p.stdout)}
+    assert {"reference", "megakernel", "openai", "numpy"} <= set(rows)
+    assert rows["numpy"]["faults"] == ["no_rope"] and rows["numpy"]["distribution"] == "evalsuite-numpy-engine"
+    assert rows["openai"]["server"] and "stale_feedback" in rows["megakernel"]["faults"]
+
+
+def test_example_plugin_through_diff_golden_run_and_serve(tmp_path):
+    base = ["--model", "mini-llama"]
+    ok = cli("diff", "--engine", "numpy", *base, "--prompts", "quick", "--max-new-tokens", "12", "--json")
+    bad = cli("diff", "--engine", "numpy", *base, "--prompts", "quick", "--max-new-tokens", "12", "--fault", "no_rope")
+    gold = cli("golden", "check", "--engine", "numpy", *base)
+    run = cli("run", "sanity", "--engine", "numpy", *base, "--limit", "6", "--output", str(tmp_path / "r"), "--json")
+    assert ok.returncode == 0 and json.loads(ok.stdout)["verdict"] == "PASS", ok.stdout[-2000:]
+    assert "per-layer bisection" in " ".join(json.loads(ok.stdout)["checks_not_possible"])  # no taps: said
+    assert bad.returncode == 1 and bad.stdout.startswith("FAIL"), bad.stdout[-2000:]
+    assert gold.returncode == 0 and gold.stdout.startswith("PASS mini-llama"), gold.stdout + gold.stderr[-2000:]
+    r = json.loads(run.stdout)
+    assert run.returncode == 3 and r["verdict"] == "INCONCLUSIVE"  # 6 items: too few for a PASS
+    assert set(r["engines"]) == {"reference", "numpy"} and r["paired"]["identical_responses"] == 1.0
+    with served("--engine", "numpy", *base) as url:
+        over = cli("diff", "--engine", "openai", "--base-url", url + "/v1", *base, "--prompts", "quick",
+                   "--max-new-tokens", "8", "--json")
+        models = json.loads(subprocess.run(["curl", "-s", url + "/v1/models"], capture_output=True, text=True).stdout)
+    assert over.returncode == 0 and json.loads(over.stdout)["verdict"] == "PASS", over.stdout[-2000:]
+    assert models["data"][0]["evalsuite"]["self_check"]["verdict"] == "PASS"
+
+
+BROKEN = {
+    "crashy_mod.py": "raise RuntimeError('boom at import')\n",
+    "halfdone_mod.py": (
+        "from engines.base import Engine\n"
+        "class Half(Engine):\n"
+        "    @classmethod\n"
+        "    def create(cls, model, options):\n"
+        "        return cls()\n"
+        "    fingerprint = 'x'\n"
+        "    def generate(self, *a, **k):\n"
+        "        return []\n"
+        "class NotEngine:\n"
+        "    pass\n"),
+    "broken_plugins-0.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: broken-plugins\nVersion: 0.0\n",
+    "broken_plugins-0.0.dist-info/entry_points.txt": (
+        "[evalsuite.engines]\ncrashy = crashy_mod:Engine\nhalfdone = halfdone_mod:Half\n"
+        "notanengine = halfdone_mod:NotEngine\n"),
+}
+
+
+def test_broken_plugins_get_one_line_errors(tmp_path):
+    for name, text in BROKEN.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "evalsuite.cli", *args], capture_output=True, text=True, env=env)
+
+    for engine, needle in [("crashy", "failed to import: RuntimeError: boom at import"),
+                           ("halfdone", "does not implement forced_topk"),
+                           ("notanengine", "is not a subclass of engines.base.Engine")]:
+        p = run("diff", "--engine", engine, "--model", "mini-llama")
+        assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
+        assert len(p.stderr.strip().splitlines()) == 1 and f"'{engine}'" in p.stderr
+    listing = run("engines")
+    assert listing.returncode == 2 and "BROKEN" in listing.stdout and "reference" in listing.stdout
+
+
+@pytest.mark.parametrize("fault,verdict", [(None, "PASS"), ("stale_feedback", "FAIL"), ("no_forced", "INCONCLUSIVE")])
+def test_serve_self_check_uses_the_comparator(mini_llama, fault, verdict):
+    from evalsuite.engines import make_engine
+    from evalsuite.serve.worker import self_check
+
+    if fault == "no_forced":  # an engine that cannot be teacher-forced: nothing to check against
+        eng = make_engine("numpy", mini_llama)
+        eng.capabilities = dataclasses.replace(eng.capabilities, forced=False, forced_refusal="none")
+    else:
+        eng = make_engine("megakernel", mini_llama, fault=fault)
+    assert self_check(eng, mini_llama.tokenizer)["verdict"] == verdict
+
+
+def test_nothing_in_evalsuite_inspects_an_engine_and_no_module_is_over_400_lines():
+    found = [f"{f.relative_to(ROOT)}:{n}" for f in sorted((ROOT / "evalsuite").rglob("*.py"))
+             for n, line in enumerate(f.read_text().splitlines(), 1)
+             if re.search(r"\b(getattr|hasattr)\(", line) or re.search(r"\"\w+\" (not )?in \w*\.?capabilities", line)]
+    assert found == []
+    long = [f"{f.relative_to(ROOT)}: {n}" for d in ("evalsuite", "engines", "tasks", "benchmarks", "interop",
+                                                   "examples")
+            for f in sorted((ROOT / d).rglob("*.py")) if (n := len(f.read_text().splitlines())) > 400]
+    assert long == []
