@@ -67,24 +67,11 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per model.")
 def models(as_json: bool) -> None:
     """List the registered models (loads each to report parameters and weight sha256)."""
-    from evalsuite.registry import REGISTRY, load_model
+    from evalsuite.registry import describe
+    from evalsuite.report import models_text
 
-    rows = []
-    for name, entry in REGISTRY.items():
-        try:
-            w = load_model(name).weights
-            rows.append(dict(name=name, family=entry.family, params=w.n_params, source=entry.source,
-                             sha256=w.sha256))
-        except ModelError as e:
-            rows.append(dict(name=name, family=entry.family, params=None, source=entry.source,
-                             sha256=None, error=str(e)))
-    if as_json:
-        click.echo(json.dumps(rows, indent=1))
-        return
-    for r in rows:
-        params = f"{r['params'] / 1e6:8.2f}M" if r["params"] else "       ?"
-        click.echo(f"{r['name']:<14} {r['family']:<6} {params}  {(r['sha256'] or r.get('error'))[:64]}"
-                   f"  {r['source']}")
+    rows = describe()
+    click.echo(json.dumps(rows, indent=1) if as_json else models_text(rows))
 
 
 @main.command("engines")
@@ -247,19 +234,8 @@ def run_cmd(task, variant, engine, against, model, limit, data_dir, output, dtyp
 @click.option("--served-model-name", default=None, help="Model id in the API (default: --model).")
 def serve(engine, model, dtype, fault, host, port, served_model_name) -> None:
     """Serve ENGINE over an OpenAI-compatible HTTP API (vLLM's shapes) until interrupted."""
-    import socket
-
-    from evalsuite.engines import engine_class
     from evalsuite.serve import serve as run_server
 
-    if engine_class(engine).takes_remote:
-        raise SpecError(f"serve: --engine {engine} is itself a server client; pick an in-process engine")
-    try:  # a busy port is a one-line error, not uvicorn's traceback after the model has loaded
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((host, port))
-    except OSError as e:
-        raise SpecError(f"serve: cannot listen on {host}:{port} ({e.strerror})") from None
     run_server(engine, model, dtype, fault, host, port, served_model_name)
 
 
@@ -293,14 +269,10 @@ def verify(model, engine, dtype, fault, output, tasks, data_dir, limit, prompts,
     """The whole gate: golden check, diff, gsm8k, gpqa. Exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE."""
     from pathlib import Path
 
-    from evalsuite.bench.run import VARIANTS
-    from evalsuite.verify import run_verify
-
-    names = tuple(t.strip() for t in tasks.split(",") if t.strip())
-    bad = [t for t in names if t not in VARIANTS]
-    if bad or not names:
-        raise SpecError(f"--tasks {tasks!r}: unknown {bad or 'empty'}; expected some of {', '.join(VARIANTS)}")
     from evalsuite.report import verify_markdown
+    from evalsuite.verify import parse_tasks, run_verify
+
+    names = parse_tasks(tasks)
 
     r = run_verify(model, engine, dtype, fault, Path(output), _progress,
                    _remote(base_url, served_model, api_key_env, api_timeout), tasks=names, data_dir=data_dir,

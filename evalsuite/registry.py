@@ -109,3 +109,17 @@ def load_model(name: str) -> Model:
                          "a .gguf file, or a directory with config.json and *.safetensors)")
     _CACHE[name] = m
     return m
+
+
+def describe() -> list[dict]:
+    """For `evalsuite models`: every registered model loaded, with its parameters and weight sha256
+    (or the one-line error that loading it gave)."""
+    rows = []
+    for name, entry in REGISTRY.items():
+        try:
+            w = load_model(name).weights
+            rows.append(dict(name=name, family=entry.family, params=w.n_params, source=entry.source, sha256=w.sha256))
+        except ModelError as e:
+            rows.append(dict(name=name, family=entry.family, params=None, source=entry.source, sha256=None,
+                             error=str(e)))
+    return rows

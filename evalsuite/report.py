@@ -225,3 +225,12 @@ def engines_text(rows: list[dict]) -> str:
         else:
             lines.append(f"{r['name']:<12} {src}  BROKEN: {r['error']}")
     return "\n".join(lines)
+
+
+def models_text(rows: list[dict]) -> str:
+    """`evalsuite models`: name, family, parameters, weight sha256 (or the error), source."""
+    out = []
+    for r in rows:
+        params = f"{r['params'] / 1e6:8.2f}M" if r["params"] else "       ?"
+        out.append(f"{r['name']:<14} {r['family']:<6} {params}  {(r['sha256'] or r.get('error'))[:64]}  {r['source']}")
+    return "\n".join(out)

@@ -20,6 +20,18 @@ from evalsuite.versions import versions
 TASKS = ("sanity", "gsm8k", "gpqa")
 
 
+def parse_tasks(text: str) -> tuple[str, ...]:
+    """--tasks "sanity,gsm8k": the benchmarks named, each known."""
+    from evalsuite.bench.run import VARIANTS
+    from evalsuite.errors import SpecError
+
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [t for t in names if t not in VARIANTS]
+    if bad or not names:
+        raise SpecError(f"--tasks {text!r}: unknown {bad or 'empty'}; expected some of {', '.join(VARIANTS)}")
+    return names
+
+
 def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path,
                progress: Callable[[str], None], remote=None, tasks: tuple[str, ...] = TASKS,
                data_dir: str | None = None, limit: int | None = None, prompts: str = "builtin") -> VerifyResult:

@@ -260,6 +260,7 @@ def capabilities(eng) -> Capabilities:
     return Capabilities(
         logits=False, taps=False, gen_logprobs=bool(f["gen_logprobs"].ok), forced=eng.echo_usable(),
         forced_path=eng.echo_path or "unstated", forced_refusal="" if eng.echo_usable() else refusal,
-        stop_strings=bool(f["stop_strings"].ok), runs_past_eos=eng.ignore_eos,
+        stop_strings=bool(f["stop_strings"].ok),
+        runs_past_eos=False,  # ignore_eos accepted is not ignore_eos honoured (llama.cpp accepts and ignores it)
         blocking=tuple(eng.prompt_not_checked), forced_blocking=tuple(eng.echo_not_checked),
         notes=tuple(eng.notes), findings=tuple((k, v.ok, v.detail) for k, v in f.items()))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engines.base import log_softmax  # noqa: F401  (one definition)
+from engines.base import log_softmax, top_k  # noqa: F401  (one definition of each)
 
 
 def kl(ref_logits: np.ndarray, eng_logits: np.ndarray) -> np.ndarray:
@@ -21,8 +21,7 @@ def margin(logits: np.ndarray) -> np.ndarray:
 
 def topk_overlap(ref_logits: np.ndarray, eng_logits: np.ndarray, k: int = 5) -> np.ndarray:
     """Share of the reference's top-k ids that are also in the engine's top-k, per position."""
-    tr = np.argsort(-np.asarray(ref_logits), axis=-1, kind="stable")[..., :k]
-    te = np.argsort(-np.asarray(eng_logits), axis=-1, kind="stable")[..., :k]
+    tr, te = top_k(ref_logits, k)[0], top_k(eng_logits, k)[0]
     return np.array([len(set(a) & set(b)) / k for a, b in zip(tr.reshape(-1, k), te.reshape(-1, k))]
                     ).reshape(tr.shape[:-1])
 

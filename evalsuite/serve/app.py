@@ -222,12 +222,31 @@ def build_app(engine, model, served_name: str, info: dict | None = None):
     return app
 
 
+def check_port(host: str, port: int) -> None:
+    """A busy port is a one-line error before the model loads, not uvicorn's traceback after."""
+    import socket
+
+    from evalsuite.errors import SpecError
+
+    try:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as e:
+        raise SpecError(f"serve: cannot listen on {host}:{port} ({e.strerror})") from None
+
+
 def serve(engine_name: str, model_name: str, dtype: str, fault: str | None, host: str, port: int,
           served_name: str | None = None) -> None:
     import uvicorn
 
-    from evalsuite.engines import make_engine
+    from evalsuite.engines import engine_class, make_engine
+    from evalsuite.errors import SpecError
     from evalsuite.registry import load_model
+
+    if engine_class(engine_name).takes_remote:
+        raise SpecError(f"serve: --engine {engine_name} is itself a server client; pick an in-process engine")
+    check_port(host, port)
 
     model = load_model(model_name)
     if model.tokenizer is None:
