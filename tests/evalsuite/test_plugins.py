@@ -110,3 +110,18 @@ def test_nothing_in_evalsuite_inspects_an_engine_and_no_module_is_over_400_lines
                                                    "examples")
             for f in sorted((ROOT / d).rglob("*.py")) if (n := len(f.read_text().splitlines())) > 400]
     assert long == []
+
+
+def test_every_installed_engine_is_an_lm_eval_model():
+    """evalsuite-NAME is registered for the plugin too, and scores as the reference does."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.api.registry import get_model
+
+    import evalsuite.bench.adapter  # noqa: F401  (registers the models)
+
+    reqs = [Instance("loglikelihood", {}, ("2 + 2 =", " 4"), 0), Instance("loglikelihood", {}, ("Hi", " there"), 0)]
+    numpy_lm = get_model("evalsuite-numpy")(model="mini-llama", progress=False)
+    ref_lm = get_model("evalsuite")(engine="reference", model="mini-llama", progress=False)
+    got, want = numpy_lm.loglikelihood(reqs), ref_lm.loglikelihood(reqs)
+    assert numpy_lm.engine.name == "numpy" and [x[1] for x in got] == [x[1] for x in want]
+    assert max(abs(g[0] - w[0]) for g, w in zip(got, want)) < 1e-3
