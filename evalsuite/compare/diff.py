@@ -231,11 +231,12 @@ def _resolve_by_text(tok, rg, eg) -> str | None:
 
 def _bisect(ref, eng, prompt, rtoks, j, tap_tol) -> dict:
     """First layer whose residual stream at position j leaves tap_tol (teacher-forced prefix)."""
-    want = ref.score([list(prompt) + list(rtoks[:j])], want_taps=True)[0].taps[:, -1]  # [L, D]
-    if j == 0:  # the first token comes from the engine's prefill
-        got = eng.score([list(prompt)], want_taps=True)[0].taps[:, -1]
-    else:
-        got = eng.step_taps([list(prompt) + list(rtoks[:j - 1])], [rtoks[j - 1]])[0]
+    ctx = list(prompt) + list(rtoks[:j])  # position j is predicted from ctx
+    want = ref.score([ctx], want_taps=True)[0].taps[:, -1]  # [L, D]
+    if len(ctx) >= 2:  # the decode step that scores position j (forced_topk's path, position 0 included)
+        got = eng.step_taps([ctx[:-1]], [ctx[-1]])[0]
+    else:  # a one-token prompt's first position comes from the engine's forward pass
+        got = eng.score([ctx], want_taps=True)[0].taps[:, -1]
     per_layer = np.abs(want - got).max(axis=-1)
     bad = np.flatnonzero(per_layer > tap_tol)
     return {"position": j, "layer": int(bad[0]) if bad.size else None, "tap_tolerance": tap_tol,

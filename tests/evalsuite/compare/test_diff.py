@@ -63,6 +63,8 @@ def test_every_fault_fails_in_both_dtypes_on_mini_llama(mini_llama, fault, dtype
     spec = DiffSpec(model="mini-llama", fault=fault, dtype=dtype, **(QUICK if dtype == "float32" else QUICK32))
     r = run_diff(spec).to_json()
     assert r["verdict"] == "FAIL", (fault, dtype, r["real_mismatches"], r["bf16_drift"])
+    if (fault, dtype) == ("drop_layer", "float32"):  # bisection names the layer whose MLP the fault skips
+        assert r["bisection"]["layer"] == mini_llama.config.n_layers // 2, r["bisection"]
 
 
 @pytest.mark.heavy  # 40 s; CI keeps golden check FAILing it on mini-moe (test_golden) and test_kernel's bound
