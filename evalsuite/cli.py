@@ -16,6 +16,8 @@ DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_PROMPT = "The capital of France is"
 FAULT_HELP = ("Fault injection, a self-test aid: one of the engine's own faults (`evalsuite engines` lists them; "
               "the megakernel's include drop_layer, stale_feedback).")
+DATA_HELP = ("Benchmark items: bundled (the samples shipped, offline; default), hub (the real sets through "
+             "`datasets`, cached; GPQA needs HF_TOKEN), or a folder of files in the hub schema (e.g. ../shared/data).")
 ENGINE_HELP = "An installed engine (`evalsuite engines` lists them: reference, megakernel, openai and plugins)."
 
 
@@ -30,6 +32,12 @@ def remote_options(f):
                      help="--engine openai: the server's model id (default: the only one it lists).")(f)
     f = click.option("--base-url", default=None, help="--engine openai: e.g. http://127.0.0.1:8000/v1")(f)
     return f
+
+
+def _data(data, data_dir):
+    if data is not None and data_dir is not None and data != data_dir:
+        raise SpecError("give --data or --data-dir, not both")
+    return data if data is not None else data_dir
 
 
 def _remote(base_url, served_model, api_key_env, api_timeout):
@@ -200,7 +208,8 @@ def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model,
 @click.option("--against", default="reference", show_default=True)
 @click.option("--model", default=DEFAULT_MODEL, show_default=True)
 @click.option("--limit", default=None, type=int, help="First N items only.")
-@click.option("--data-dir", default=None, help="Real data in the hub schema (parquet/CSV/JSONL).")
+@click.option("--data", "data", default=None, help=DATA_HELP)
+@click.option("--data-dir", default=None, help="The same as --data DIR.")
 @click.option("--output", default="runs/latest", show_default=True, help="Run folder (resumable).")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPES))
 @click.option("--fault", default=None, help=FAULT_HELP)
@@ -208,14 +217,14 @@ def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model,
 @click.option("--seed", default=0, show_default=True, type=int, help="lm-eval seeds (random, numpy, torch, fewshot).")
 @click.option("--json", "as_json", is_flag=True)
 @remote_options
-def run_cmd(task, variant, engine, against, model, limit, data_dir, output, dtype, fault, margin, seed,
+def run_cmd(task, variant, engine, against, model, limit, data, data_dir, output, dtype, fault, margin, seed,
             as_json, base_url, served_model, api_key_env, api_timeout) -> None:
     """Benchmark TASK (gsm8k, gpqa, sanity) on ENGINE and the reference; paired verdict.
     Exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 usage error."""
     from evalsuite.bench.run import RunSpec, run_benchmark
 
     spec = RunSpec(task=task, variant=variant, engine=engine, against=against, model=model, limit=limit,
-                   data_dir=data_dir, output=output, dtype=dtype, fault=fault, margin=margin, seed=seed,
+                   data_dir=_data(data, data_dir), output=output, dtype=dtype, fault=fault, margin=margin, seed=seed,
                    remote=_remote(base_url, served_model, api_key_env, api_timeout))
     from evalsuite.report import run_text
 
@@ -259,12 +268,13 @@ def lm_eval_cmd(args) -> None:
 @click.option("--fault", default=None, help=FAULT_HELP)
 @click.option("--output", default="reports/verify", show_default=True)
 @click.option("--tasks", default="sanity,gsm8k,gpqa", show_default=True, help="Benchmarks to run (comma-separated).")
-@click.option("--data-dir", default=None, help="Real gsm8k/gpqa data (hub schema) instead of the bundled samples.")
+@click.option("--data", "data", default=None, help=DATA_HELP)
+@click.option("--data-dir", default=None, help="The same as --data DIR.")
 @click.option("--limit", default=None, type=click.IntRange(1, None), help="First N items of each benchmark only.")
 @click.option("--prompts", default="builtin", show_default=True, help="diff's prompt set.")
 @click.option("--json", "as_json", is_flag=True)
 @remote_options
-def verify(model, engine, dtype, fault, output, tasks, data_dir, limit, prompts, as_json, base_url, served_model,
+def verify(model, engine, dtype, fault, output, tasks, data, data_dir, limit, prompts, as_json, base_url, served_model,
            api_key_env, api_timeout) -> None:
     """The whole gate: golden check, diff, gsm8k, gpqa. Exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE."""
     from pathlib import Path
@@ -275,8 +285,8 @@ def verify(model, engine, dtype, fault, output, tasks, data_dir, limit, prompts,
     names = parse_tasks(tasks)
 
     r = run_verify(model, engine, dtype, fault, Path(output), _progress,
-                   _remote(base_url, served_model, api_key_env, api_timeout), tasks=names, data_dir=data_dir,
-                   limit=limit, prompts=prompts).to_json()
+                   _remote(base_url, served_model, api_key_env, api_timeout), tasks=names,
+                   data_dir=_data(data, data_dir), limit=limit, prompts=prompts).to_json()
     click.echo(json.dumps(r) if as_json else verify_markdown(r))
     sys.exit(exit_code(r["verdict"]))
 

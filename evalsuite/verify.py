@@ -41,6 +41,13 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
 
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
+    if data_dir == "hub":  # every hub download first, before anything reads local files offline
+        from evalsuite.bench.data import HUB, from_hub
+
+        for task in tasks:
+            if task in HUB:
+                progress(f"verify: {task} from the hub")
+                from_hub(task)
     parts: dict[str, dict] = {}
     if model in golden.DEFAULTS:
         progress(f"verify: golden check ({engine})")
@@ -69,7 +76,9 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
     result = VerifyResult(verdict=overall, model=model, engine=engine, dtype=dtype, fault=fault, parts=parts,
                           warnings=tuple(warnings), details={
                               "base_url": remote.base_url if remote is not None else None,
-                              "data": data_dir or "bundled samples", "versions": versions(),
+                              "data": {None: "bundled samples", "bundled": "bundled samples",
+                                       "hub": "the hub (datasets)"}.get(data_dir, data_dir),
+                              "versions": versions(),
                               "seconds": round(time.time() - t0, 1)})
     write_json(out / "verify.json", result.to_json())
     (out / "report.md").write_text(verify_markdown(result.to_json()))

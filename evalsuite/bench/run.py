@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import time
@@ -17,28 +16,12 @@ import numpy as np
 
 from engines.base import file_sha256
 from evalsuite.bench import stats
+from evalsuite.bench.data import BUNDLED, TASKS_DIR, load_rows, offline, resolve
 from evalsuite.errors import SpecError
 from evalsuite.report import write_json
 from evalsuite.results import RunResult
 from evalsuite.versions import versions
 
-
-def _tasks_dir() -> Path:
-    """The tasks/ package's folder (task YAMLs and bundled data), in a checkout or an installed wheel."""
-    from importlib.resources import files
-
-    return Path(str(files("tasks")))
-
-
-TASKS_DIR = _tasks_dir()
-
-
-def offline() -> None:
-    """Every dataset evalsuite reads is a local file: never let `datasets`/lm-eval reach for the hub (on a
-    machine without it they wait on timeouts). Called before either library is first used, not at import
-    (the user's own environment wins where it says otherwise)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # task -> variant -> (lm-eval task name, YAML folder, primary filter, metric, chat template)
 VARIANTS = {
     # gsm8k's primary filter is flexible-extract: a 135M model rarely writes "#### N" (strict-match
@@ -53,14 +36,6 @@ VARIANTS = {
                "mc": ("evalsuite_sanity_mc", "sanity", "none", "acc", False)},
 }
 DEFAULT_VARIANT = {"gsm8k": "5shot", "gpqa": "mc", "sanity": "gen"}
-BUNDLED = {"gsm8k": TASKS_DIR / "data" / "gsm8k_sample.jsonl", "gpqa": TASKS_DIR / "data" / "gpqa_sample.jsonl",
-           "sanity": TASKS_DIR / "data" / "sanity.jsonl"}
-COLUMNS = {"gsm8k": ("question", "answer"),
-           "gpqa": ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3"),
-           "sanity": ("question", "answer", "choices", "label")}
-PATTERNS = {"gsm8k": ("test*.parquet", "test*.jsonl", "test*.csv", "*gsm8k*test*"),
-            "gpqa": ("gpqa_diamond*.csv", "gpqa_diamond*.parquet", "gpqa_diamond*.jsonl", "*diamond*"),
-            "sanity": ("sanity*.jsonl",)}
 REPEAT_NGRAM = 4  # repetition loop: share of repeated 4-grams in a response
 
 
@@ -94,37 +69,6 @@ class RunSpec:
             raise SpecError("--against: only 'reference' is supported")
 
 
-def resolve_data(task: str, data_dir: str | None) -> tuple[Path, bool]:
-    """(file, is_bundled). The data file must hold the hub schema's columns."""
-    if data_dir is None:
-        return BUNDLED[task], True
-    d = Path(data_dir)
-    if not d.is_dir():
-        raise SpecError(f"--data-dir {d} is not a directory")
-    found = [p for pat in PATTERNS[task] for p in sorted(d.rglob(pat)) if p.is_file()]
-    if not found:
-        raise SpecError(f"--data-dir {d}: no {task} file ({', '.join(PATTERNS[task])})")
-    path = found[0]
-    cols = set(_load_rows(path)[0].keys())
-    missing = [c for c in COLUMNS[task] if c not in cols]
-    if missing:
-        raise SpecError(f"{path}: missing columns {missing} (the hub schema for {task} has {list(COLUMNS[task])})")
-    return path, False
-
-
-def _load_rows(path: Path) -> list[dict]:
-    offline()
-    import datasets
-
-    kind = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json"}.get(path.suffix)
-    if kind is None:
-        raise SpecError(f"{path}: unsupported data format {path.suffix} (parquet, csv, jsonl)")
-    try:
-        return list(datasets.load_dataset(kind, data_files=str(path), split="train"))
-    except Exception as e:  # datasets raises many kinds for malformed files
-        raise SpecError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
-
-
 def _resolve_tasks(task: str, data: Path, out: Path) -> Path:
     """Copy the task YAMLs into the run folder, pointing data_files at the chosen data, written
     there as JSONL whatever its source format (parquet, CSV or JSONL in the hub schema)."""
@@ -133,7 +77,7 @@ def _resolve_tasks(task: str, data: Path, out: Path) -> Path:
         shutil.rmtree(dst)
     shutil.copytree(TASKS_DIR / VARIANTS[task][DEFAULT_VARIANT[task]][1], dst)
     local = out / f"data-{task}.jsonl"
-    local.write_text("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in _load_rows(data)))
+    local.write_text("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in load_rows(data)))
     for y in dst.glob("*.yaml"):
         text = y.read_text().replace(f"tasks/data/{BUNDLED[task].name}", str(local.resolve()))
         fewshot = (TASKS_DIR / "data" / "gsm8k_fewshot.jsonl").resolve()
@@ -239,8 +183,9 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     t0 = time.time()
     out = Path(spec.output)
     out.mkdir(parents=True, exist_ok=True)
-    data, bundled = resolve_data(spec.task, spec.data_dir)
-    n_items = len(_load_rows(data))
+    src = resolve(spec.task, spec.data_dir)
+    data, bundled = src.path, src.bundled
+    n_items = len(load_rows(data))
     tasks_dir = _resolve_tasks(spec.task, data, out)
     model = load_model(spec.model)
     # the engine under test is built (a server probed) first: what it cannot do is refused before any work
@@ -275,9 +220,10 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     result = {
         "verdict": verdict, "not_checked": not_checked, "task": spec.task,
         "variant": spec.variant or DEFAULT_VARIANT[spec.task],
-        "dataset": {"path": str(data), "bundled_sample": bundled, "items_in_file": n_items,
-                    "sha256": file_sha256(data),
+        "dataset": {"path": str(data), "source": src.source, "origin": src.origin, "bundled_sample": bundled,
+                    "items_in_file": n_items, "sha256": file_sha256(data),
                     "note": "BUNDLED SAMPLE written for evalsuite, not the real benchmark" if bundled
+                    else "the hub's copy (datasets), cached" if src.source == "hub"
                     else "user-supplied data in the hub schema"},
         "items": len(ids), "model": spec.model, "weights_sha256": model.weights.sha256,
         "engine_under_test": api_notes, "api": api_notes,

@@ -52,10 +52,12 @@ def test_bf16_residual_fails_in_bf16_mode_on_smollm2(smollm2):
     assert r["verdict"] == "FAIL" and r["bf16_drift"]["checked"] and not r["bf16_drift"]["ok"]
 
 
-@pytest.mark.parametrize("dtype, fault", [("float32", "stale_feedback"), ("float32", "drop_layer"),
-                                         ("bfloat16", "bf16_residual")]
+# CI keeps drop_layer (f32, bisection) and bf16_residual (bf16 drift); stale_feedback FAILs in CI over the API
+# (test_serve), in `run sanity` and `verify` (test_run, test_evidence) and in serve's self-check (test_plugins)
+@pytest.mark.parametrize("dtype, fault", [("float32", "drop_layer"), ("bfloat16", "bf16_residual")]
                          + [pytest.param(d, f, marks=pytest.mark.heavy)
-                            for d, f in [("float32", "rope_off_by_one"), ("float32", "kv_stale"),
+                            for d, f in [("float32", "stale_feedback"), ("float32", "rope_off_by_one"),
+                                         ("float32", "kv_stale"),
                                          ("float32", "bf16_residual"), ("bfloat16", "rope_off_by_one"),
                                          ("bfloat16", "kv_stale"), ("bfloat16", "drop_layer"),
                                          ("bfloat16", "stale_feedback")]])
