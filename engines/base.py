@@ -221,6 +221,12 @@ class Engine(abc.ABC):
                     want_logits: bool = False) -> list[Forced]:
         """Per row, continuation[j] scored from prompt + continuation[:j] by the engine's decode path."""
 
+    def canary_logprobs(self) -> list[float] | None:
+        """Values a resumed run compares with the journal's, within a tolerance, before reusing its answers
+        (a server's canary logprobs: a prompt cache moves them slightly, so they cannot be hashed into the
+        fingerprint). None: the fingerprint alone decides."""
+        return None
+
     def score(self, seqs: Sequence[Sequence[int]], want_taps: bool = False) -> list[Scored]:
         raise ModelError(f"engine {self.name} offers no full-vocabulary logits")
 

@@ -186,6 +186,9 @@ class OpenAIEngine(Engine):
                           sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()
 
+    def canary_logprobs(self) -> list[float]:
+        return [float(x) for x in self.canary.get("logprobs") or []]
+
     # ---- requests --------------------------------------------------------------------------------
     def wire_prompt(self, ids: Sequence[int]):
         """A prompt as the server takes it: token ids, or text whose tokenization is checked."""

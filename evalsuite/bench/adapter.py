@@ -30,8 +30,9 @@ DEFAULT_MAX_LENGTH = 2048
 # Part of every journal key: bump it when a cached result's meaning changes, so old journals are
 # not reused. 2: loglikelihood scored the continuation shifted by one before (fixed 2026-11-30).
 # 3: keys hold the engine's fingerprint (its source, jax versions and static spec; for a server,
-# its reported identity and a canary), so a changed engine never reuses answers.
-ADAPTER_VERSION = 3
+# its reported identity and a canary), so a changed engine never reuses answers. 4: a server's model id
+# is keyed through its fingerprint (engines/base.py protocol), not read off the client object.
+ADAPTER_VERSION = 4
 
 
 class EngineLM(TemplateLM):
@@ -69,23 +70,24 @@ class EngineLM(TemplateLM):
         self.identity = {"engine": self.engine_name, "model": model, "weights_sha256": self.model.weights.sha256,
                          "dtype": dtype, "fault": fault or None, "max_length": self.max_length,
                          "adapter_version": ADAPTER_VERSION, "engine_fingerprint": self.engine.fingerprint}
-        if remote is not None:  # the server is part of the identity (never the API key)
-            self.identity.update(base_url=remote.base_url, served_model=self.engine.model_id)  # OpenAIEngine
+        if remote is not None:  # the server is part of the identity (never the API key); its model id is in
+            self.identity.update(base_url=remote.base_url)  # the fingerprint
         if journal:
             from evalsuite.bench.journal import Journal
 
             self.journal = Journal(journal)
-            if remote is not None:
-                self._check_canary(remote)
+            self._check_canary()
 
-    def _check_canary(self, remote) -> None:
+    def _check_canary(self) -> None:
         """A server's canary logprobs (taken at start) must match those of the run that wrote the
         journal within CANARY_TOL, or its answers are not reused: it is not the same engine."""
         from engines.openai.probe import ECHO_CONSISTENCY_TOL as CANARY_TOL
         from evalsuite.bench.journal import request_key
 
         key = request_key(self.identity, "canary", [])
-        now = [float(x) for x in self.engine.canary.get("logprobs") or []]  # OpenAIEngine.canary
+        now = self.engine.canary_logprobs()
+        if now is None:  # an in-process engine: its fingerprint alone decides
+            return
         have = self.journal.get(key)
         if have is None:
             self.journal.add([{"key": key, "kind": "canary", "result": now}])
@@ -94,7 +96,8 @@ class EngineLM(TemplateLM):
         d = max((abs(a - b) for a, b in zip(now, before)), default=0.0) if len(now) == len(before) else float("inf")
         if d > CANARY_TOL:
             self.journal.close()
-            raise SpecError(f"the server at {remote.base_url} answers the canary differently from when "
+            raise SpecError(f"the engine ({self.identity.get('base_url') or self.engine_name}) answers the canary "
+                            f"differently from when "
                             f"{self.journal.path} was written (max |Δlogprob| {d:.3g} > {CANARY_TOL}): not the same "
                             "engine, so its answers are not reused; use a new --output or delete that journal")
 

@@ -48,6 +48,7 @@ def llama_like(smollm2):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # CI: the same findings asserted from the diff below (one probe instead of two)
 def test_probe_reports_llama_cpp_capabilities_right(llama_like, smollm2, smollm2_ref):
     llama_like.mark()
     e = _engine(llama_like, smollm2)
@@ -81,8 +82,13 @@ def test_diff_and_refusals_over_llama_cpp_quirks(llama_like, tmp_path):
     llama_like.mark()
     r = _diff(llama_like.url, model="smollm2-135m", n=4)
     assert r["verdict"] == "PASS" and r["real_mismatches"] == 0, r["not_checked"]
-    assert r["engine_capabilities"]["echo_consistency"]["ok"] is False
+    f = r["engine_capabilities"]
+    assert f["echo_consistency"]["ok"] is False and "MISALIGNED" in f["echo_consistency"]["detail"]
     assert any("MISALIGNED" in n for n in r["checks_not_possible"])
+    assert (f["token_prompts"]["ok"], f["batched_prompts"]["ok"], f["token_ids"]["ok"]) == (False, False, False)
+    assert f["tokenize"]["ok"] and "/extras/tokenize" in f["tokenize"]["detail"] and f["max_context"]["ok"] is False
+    assert f["gen_logprobs"]["ok"] and f["greedy"]["ok"] and f["echo_logprobs"]["ok"] and f["chat"]["ok"]
+    assert f["stop_strings"]["ok"] and not r["not_checked"]  # text prompts, each checked through /extras/tokenize
     assert llama_like.retried_refusals() == []
     llama_like.mark()
     with pytest.raises(ModelError) as ei:
