@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.base import file_sha256  # noqa: F401  (one definition, streamed)
+from engines.base import file_sha256
 from engines.config import Config
 from engines.errors import ModelError
 from engines.weights import Weights

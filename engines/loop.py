@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from engines.base import Forced, Generation, check_prompts, next_pow2  # noqa: F401  (check_prompts re-exported)
+from engines.base import Forced, Generation, next_pow2
 
 MIN_PREFILL_BUCKET = 16  # prefill lengths round up to powers of two from here: few compilations
 # Padded prefill tokens (rows x bucketed length) per call. Prefill attention holds [rows, heads, T, T]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import difflib
 import inspect
 from dataclasses import dataclass
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 
 from engines.base import Engine, EngineOptions
 from engines.errors import ModelError
@@ -22,6 +22,7 @@ class Plugin:
     target: str  # module:Class
     distribution: str | None  # the installed package that declares it
     version: str | None
+    entry: EntryPoint  # what loads it
 
 
 def plugins() -> dict[str, Plugin]:
@@ -29,7 +30,8 @@ def plugins() -> dict[str, Plugin]:
     out = {}
     for ep in entry_points(group=GROUP):
         dist = ep.dist
-        out.setdefault(ep.name, Plugin(ep.name, ep.value, dist.name if dist else None, dist.version if dist else None))
+        out.setdefault(ep.name, Plugin(ep.name, ep.value, dist.name if dist else None,
+                                       dist.version if dist else None, ep))
     if not out:
         raise ModelError(f"no engines are declared under the {GROUP!r} entry-point group: evalsuite's own "
                          "install is missing its metadata (rerun `bash install.sh` or `pip install -e .`)")
@@ -50,9 +52,8 @@ def engine_class(name: str) -> type[Engine]:
         raise ModelError(f"unknown engine {name!r}{hint} (installed: {', '.join(sorted(known))}; "
                          "`evalsuite engines` lists them)")
     p = known[name]
-    ep = next(e for e in entry_points(group=GROUP) if e.name == name)
     try:
-        cls = ep.load()
+        cls = p.entry.load()
     except Exception as e:  # whatever a user's module raises on import
         raise ModelError(f"engine plugin {name!r} ({p.target}) failed to import: {type(e).__name__}: {e}") from None
     if not (inspect.isclass(cls) and issubclass(cls, Engine)):
@@ -93,14 +94,3 @@ def describe() -> list[dict]:
             row |= {"ok": False, "error": str(e)}
         rows.append(row)
     return rows
-
-
-def fault_names() -> list[str]:
-    """Every fault some installed engine accepts (for --fault's help)."""
-    out: list[str] = []
-    for name in names():
-        try:
-            out += [f for f in engine_class(name).faults if f not in out]
-        except ModelError:
-            pass
-    return out
