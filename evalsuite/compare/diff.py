@@ -169,9 +169,10 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
     summary = {"max_dlogprob": metrics.summary(r["tf"]["max_dlogprob"] for r in per_prompt
                                                if r["tf"]["max_dlogprob"] is not None),
                "argmax_agreement": float(np.mean([r["tf"]["argmax_agreement"] for r in per_prompt]))}
-    if caps.logits:
-        summary |= {"max_dlogit": metrics.summary(r["tf"]["max_dlogit"] for r in per_prompt),
-                    "kl": metrics.summary(v for r in per_prompt for v in r["tf"]["kl"])}
+    if caps.logits and caps.forced:  # |Δlogit| and KL exist only where the engine was teacher-forced
+        summary |= {"max_dlogit": metrics.summary(r["tf"]["max_dlogit"] for r in per_prompt
+                                                  if r["tf"]["max_dlogit"] is not None),
+                    "kl": metrics.summary(v for r in per_prompt for v in r["tf"]["kl"] or [])}
     character = rule.character(per_prompt, real, sum(under16), tol16) if tol16 is not None else None
     out = {
         "verdict": verdict,
@@ -186,7 +187,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
         "distribution_mismatches": sum(len(r["distribution_mismatches"]) for r in per_prompt),
         "tolerances": {"dlogit": tol.dlogit, "kl": tol.kl, "noise": tol.noise, "logprob": tol.logprob},
         "tolerance_overrides": tol.overrides(),
-        "kl_tolerance": tol.kl if caps.logits else None,
+        "kl_tolerance": tol.kl if caps.logits and caps.forced else None,
         "logprob_tolerance": tol.logprob,
         "noise_tolerance": tol.noise,
         "noise_tolerance_rule": ("a divergence is benign iff the engine's token is within the noise tolerance of "

@@ -125,3 +125,19 @@ def test_every_installed_engine_is_an_lm_eval_model():
     got, want = numpy_lm.loglikelihood(reqs), ref_lm.loglikelihood(reqs)
     assert numpy_lm.engine.name == "numpy" and [x[1] for x in got] == [x[1] for x in want]
     assert max(abs(g[0] - w[0]) for g, w in zip(got, want)) < 1e-3
+
+
+def test_an_engine_showing_no_logprobs_cannot_pass(monkeypatch):
+    """An engine with full logits that offers neither generated-token logprobs nor a teacher-forced path
+    (crashed diff's summary before): tokens alone are not evidence, so a faithful one is INCONCLUSIVE,
+    and a broken one still FAILs on its tokens."""
+    import evalsuite_numpy_engine as plugin
+
+    from evalsuite.compare.diff import DiffSpec, run_diff
+
+    monkeypatch.setattr(plugin.NumpyEngine, "capabilities", dataclasses.replace(
+        plugin.NumpyEngine.capabilities, gen_logprobs=False, forced=False, forced_refusal="none offered"))
+    spec = {"engine": "numpy", "model": "mini-llama", "prompts": "quick", "max_new_tokens": 8}
+    r = run_diff(DiffSpec(**spec)).to_json()
+    assert r["verdict"] == "INCONCLUSIVE" and "logprobs" in r["not_checked"][0]
+    assert run_diff(DiffSpec(**spec, fault="no_rope")).verdict == "FAIL"
