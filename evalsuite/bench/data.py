@@ -108,10 +108,10 @@ def resolve_data(task: str, data_dir: str | None) -> tuple[Path, bool]:
         return BUNDLED[task], True
     d = Path(data_dir)
     if not d.is_dir():
-        raise SpecError(f"--data-dir {d} is not a directory")
+        raise SpecError(f"--data {d}: not bundled, hub, or a directory")
     found = [p for pat in PATTERNS[task] for p in sorted(d.rglob(pat)) if p.is_file()]
     if not found:
-        raise SpecError(f"--data-dir {d}: no {task} file ({', '.join(PATTERNS[task])})")
+        raise SpecError(f"--data {d}: no {task} file ({', '.join(PATTERNS[task])})")
     path = found[0]
     cols = set(load_rows(path)[0].keys())
     missing = [c for c in COLUMNS[task] if c not in cols]
