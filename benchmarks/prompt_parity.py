@@ -1,7 +1,13 @@
 """Are evalsuite's prompts lm-eval's own? Renders lm-eval's task definitions (gsm8k 5-shot,
-gpqa_diamond_zeroshot) and evalsuite's (evalsuite_gsm8k, evalsuite_gpqa_mc) on the same real items
-(../shared/data, read-only) through lm-eval's own Task API, as `simple_evaluate` would (random seed 0,
-few-shot seed 1234), and compares every request character for character.
+gpqa_diamond_zeroshot, gpqa_diamond_cot_zeroshot) and evalsuite's (evalsuite_gsm8k, evalsuite_gpqa_mc,
+evalsuite_gpqa_cot) on the same real items (../shared/data, read-only) through lm-eval's own Task API, as
+`simple_evaluate` would (random seed 0, few-shot seed 1234), and compares every request (context,
+continuations, generation settings) character for character.
+
+GPQA's answer order is the one difference by design (lm-eval shuffles with the process-wide random
+state, evalsuite per question from its Record ID): for those items evalsuite's template is rendered
+again with lm-eval's order and must then be identical; the count of items whose order differs is
+printed.
 
 Prints counts and the KIND and offset of each difference, never item text (GPQA's questions must not
 appear in logs). Figures, not assertions:
@@ -52,7 +58,8 @@ def lm_eval_copy(src_dir: str, names: list[str], dst: Path, data: dict, kind: st
         _dump(doc, dst / name)
 
 
-def requests(task_name: str, include: Path, limit: int | None) -> dict[int, list]:
+def requests(task_name: str, include: Path, limit: int | None):
+    """(task, {doc_id: [request args]}, {doc_id: doc}) as simple_evaluate builds them."""
     from lm_eval.tasks import TaskManager, get_task_dict
 
     random.seed(0)  # simple_evaluate seeds the global state before building tasks (lm-eval's GPQA shuffles with it)
@@ -60,8 +67,37 @@ def requests(task_name: str, include: Path, limit: int | None) -> dict[int, list
     task.set_fewshot_seed(seed=1234)
     task.build_all_requests(limit=limit, rank=0, world_size=1)
     out: dict[int, list] = {}
+    docs: dict[int, dict] = {}
     for inst in task.instances:
         out.setdefault(inst.doc_id, []).append(inst.args)
+        docs[inst.doc_id] = inst.doc
+    return task, out, docs
+
+
+CHOICES = ("choice1", "choice2", "choice3", "choice4")
+
+
+def reorder(ours, theirs) -> dict:
+    """evalsuite's requests with each GPQA item rendered again in lm-eval's answer order (only where the
+    four answers are the same strings); prints how many items' order differed."""
+    task, reqs, docs = ours
+    _, _, their_docs = theirs
+    moved = same_set = 0
+    out = {}
+    for doc_id, args in reqs.items():
+        d, t = docs[doc_id], their_docs.get(doc_id)
+        if t is None or [d[c] for c in CHOICES] == [t[c] for c in CHOICES]:
+            out[doc_id] = args
+            continue
+        moved += 1
+        if sorted(d[c] for c in CHOICES) != sorted(t[c] for c in CHOICES):
+            out[doc_id] = args  # not the same answers: compared as they are (and reported as different)
+            continue
+        same_set += 1
+        ctx = task.doc_to_text({**d, **{c: t[c] for c in CHOICES}})
+        out[doc_id] = [(ctx, *a[1:]) for a in args]
+    print(f"  answer order differs (by design) on {moved} of {len(reqs)} items; "
+          f"same four answers on {same_set} of them")
     return out
 
 
@@ -75,8 +111,9 @@ def kind_of(a: str, b: str) -> str:
     return "different text"
 
 
-def compare(label: str, ours: dict, theirs: dict) -> None:
-    kinds, firsts, gen = Counter(), [], Counter()
+def compare(label: str, ours: dict, theirs: dict) -> int:
+    """Prints the comparison; returns the number of items whose requests are not all identical."""
+    kinds, firsts, rest = Counter(), [], Counter()
     for doc_id in sorted(set(ours) & set(theirs)):
         a, b = ours[doc_id][0][0], theirs[doc_id][0][0]
         k = kind_of(a, b)
@@ -84,13 +121,15 @@ def compare(label: str, ours: dict, theirs: dict) -> None:
         if k != "identical" and len(firsts) < 5:
             at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             firsts.append(f"doc {doc_id}: first difference at character {at} of {len(a)}/{len(b)}")
-        if len(ours[doc_id][0]) > 1 and isinstance(ours[doc_id][0][1], dict):
-            gen["identical" if ours[doc_id][0][1] == theirs[doc_id][0][1] else "different"] += 1
-    print(f"{label}: {sum(kinds.values())} items; contexts: {dict(kinds)}")
+        # every other part of every request: continuations (multiple choice) or generation settings
+        same = [x[1:] for x in ours[doc_id]] == [y[1:] for y in theirs[doc_id]]
+        rest["identical" if same else "different"] += 1
+    only = len(set(ours) ^ set(theirs))
+    print(f"{label}: {sum(kinds.values())} items compared ({only} in one only); contexts: {dict(kinds)}; "
+          f"continuations / generation settings: {dict(rest)}")
     for f in firsts:
         print(f"  {f}")
-    if gen:
-        print(f"  generation settings (until, max_gen_toks, ...): {dict(gen)}")
+    return only + sum(v for k, v in kinds.items() if k != "identical") + rest["different"]
 
 
 def main() -> None:
@@ -98,7 +137,7 @@ def main() -> None:
     ap.add_argument("--data", default="../shared/data")
     ap.add_argument("--limit", type=int, default=None)
     args = ap.parse_args()
-    from evalsuite.bench.data import offline
+    from evalsuite.bench.data import offline, resolve
     from evalsuite.bench.run import _resolve_tasks
 
     offline()
@@ -106,17 +145,27 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="evalsuite-parity-"))
     gsm = {"train": str(d / "gsm8k" / "train.jsonl"), "test": str(d / "gsm8k" / "test.jsonl")}
     lm_eval_copy("gsm8k", ["gsm8k.yaml"], tmp / "lm" / "gsm8k", gsm, "json")
-    lm_eval_copy("gpqa/zeroshot", ["_gpqa_zeroshot_yaml", "gpqa_diamond_zeroshot.yaml"], tmp / "lm" / "gpqa",
-                 {"train": str(d / "gpqa" / "gpqa_diamond.csv")}, "csv")
-    ours_g = _resolve_tasks("gsm8k", d / "gsm8k" / "test.jsonl", tmp / "ours-gsm8k")
-    ours_q = _resolve_tasks("gpqa", d / "gpqa" / "gpqa_diamond.csv", tmp / "ours-gpqa")
-    # our gsm8k few-shot exemplars come from tasks/data/gsm8k_fewshot.jsonl; lm-eval's from the train split
-    compare("gsm8k 5-shot (evalsuite_gsm8k vs lm-eval gsm8k)", requests("evalsuite_gsm8k", ours_g, args.limit),
-            requests("gsm8k", tmp / "lm" / "gsm8k", args.limit))
-    compare("gpqa diamond zero-shot mc (evalsuite_gpqa_mc vs lm-eval gpqa_diamond_zeroshot)",
-            requests("evalsuite_gpqa_mc", ours_q, args.limit),
-            requests("gpqa_diamond_zeroshot", tmp / "lm" / "gpqa", args.limit))
+    gpqa = {"train": str(d / "gpqa" / "gpqa_diamond.csv")}
+    lm_eval_copy("gpqa/zeroshot", ["_gpqa_zeroshot_yaml", "gpqa_diamond_zeroshot.yaml"], tmp / "lm" / "gpqa", gpqa,
+                 "csv")
+    lm_eval_copy("gpqa/cot_zeroshot", ["_gpqa_cot_zeroshot_yaml", "gpqa_diamond_cot_zeroshot.yaml"],
+                 tmp / "lm" / "gpqa-cot", gpqa, "csv")
+    ours_g = _resolve_tasks("gsm8k", resolve("gsm8k", str(d)), tmp / "ours-gsm8k")
+    ours_q = _resolve_tasks("gpqa", resolve("gpqa", str(d)), tmp / "ours-gpqa")
+    bad = compare("gsm8k 5-shot (evalsuite_gsm8k vs lm-eval gsm8k)",
+                  requests("evalsuite_gsm8k", ours_g, args.limit)[1],
+                  requests("gsm8k", tmp / "lm" / "gsm8k", args.limit)[1])
+    for ours_name, theirs_name, folder in (("evalsuite_gpqa_mc", "gpqa_diamond_zeroshot", "gpqa"),
+                                           ("evalsuite_gpqa_cot", "gpqa_diamond_cot_zeroshot", "gpqa-cot")):
+        theirs = requests(theirs_name, tmp / "lm" / folder, args.limit)
+        ours = requests(ours_name, ours_q, args.limit)
+        label = f"gpqa diamond ({ours_name} vs lm-eval {theirs_name})"
+        print(f"{label}, as built:")
+        compare("  as built", ours[1], theirs[1])
+        bad += compare("  in lm-eval's answer order", reorder(ours, theirs), theirs[1])
     shutil.rmtree(tmp, ignore_errors=True)
+    print(f"items with any difference beyond the answer order: {bad}")
+    raise SystemExit(1 if bad else 0)
 
 
 if __name__ == "__main__":

@@ -214,7 +214,8 @@ def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model,
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPES))
 @click.option("--fault", default=None, help=FAULT_HELP)
 @click.option("--margin", default=0.02, show_default=True, type=float, help="Non-inferiority margin (share).")
-@click.option("--seed", default=0, show_default=True, type=int, help="lm-eval seeds (random, numpy, torch, fewshot).")
+@click.option("--seed", default=1234, show_default=True, type=int,
+              help="lm-eval's few-shot (and numpy, torch) seed; 1234 is lm-eval's own default.")
 @click.option("--json", "as_json", is_flag=True)
 @remote_options
 def run_cmd(task, variant, engine, against, model, limit, data, data_dir, output, dtype, fault, margin, seed,

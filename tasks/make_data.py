@@ -20,8 +20,10 @@ THINGS = ["apples", "pencils", "stickers", "marbles", "cookies", "books", "shell
 
 
 def gsm8k_items(rng: random.Random) -> list[dict]:
-    out = []
-    for i in range(60):
+    out: list[dict] = []
+    seen: set[str] = set()
+    while len(out) < 60:  # every question distinct (a duplicate is drawn again)
+        i = len(out)
         n, t = rng.choice(NAMES), rng.choice(THINGS)
         kind = i % 6
         if kind == 0:
@@ -52,7 +54,9 @@ def gsm8k_items(rng: random.Random) -> list[dict]:
             q = f"{n} reads {a} pages on Monday and {b} pages on Tuesday, then skips {c} pages. " \
                 "How many pages has " + n + " read?"
             sol, ans = f"{a} + {b} = {a + b}, and {a + b} - {c} = {a + b - c} pages.", a + b - c
-        out.append({"question": q, "answer": f"{sol}\n#### {ans}"})
+        if q not in seen:
+            seen.add(q)
+            out.append({"question": q, "answer": f"{sol}\n#### {ans}"})
     return out
 
 
@@ -95,7 +99,8 @@ def gpqa_items(rng: random.Random) -> list[dict]:
     for q, right, wrong in facts:
         out.append(_mc(q, right, wrong))
     assert len(out) == 40, len(out)
-    return out
+    # GPQA's Record ID column: the seed of each question's answer order (tasks/gpqa/utils.py)
+    return [{"Record ID": f"evalsuite-sample-{i:02d}", **x} for i, x in enumerate(out)]
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ import numpy as np
 
 from engines.base import file_sha256
 from evalsuite.bench import stats
-from evalsuite.bench.data import BUNDLED, TASKS_DIR, load_rows, offline, resolve
+from evalsuite.bench.data import BUNDLED, FEWSHOT, TASKS_DIR, Data, check_rows, load_rows, offline, resolve
 from evalsuite.errors import SpecError
 from evalsuite.report import write_json
 from evalsuite.results import RunResult
@@ -29,13 +29,17 @@ VARIANTS = {
     "gsm8k": {"5shot": ("evalsuite_gsm8k", "gsm8k", "flexible-extract", "exact_match", False),
               "chat": ("evalsuite_gsm8k", "gsm8k", "flexible-extract", "exact_match", True)},
     "gpqa": {"mc": ("evalsuite_gpqa_mc", "gpqa", "none", "acc", False),
-             "cot": ("evalsuite_gpqa_cot", "gpqa", "answer-is", "exact_match", False)},
+             "cot": ("evalsuite_gpqa_cot", "gpqa", "flexible-extract", "exact_match", False)},
     # project-written items a 135M model gets right (tasks/make_sanity.py): where a broken engine
     # visibly loses accuracy, so every verdict path of `run` can be reached on real weights
     "sanity": {"gen": ("evalsuite_sanity", "sanity", "none", "exact_match", False),
                "mc": ("evalsuite_sanity_mc", "sanity", "none", "acc", False)},
 }
 DEFAULT_VARIANT = {"gsm8k": "5shot", "gpqa": "mc", "sanity": "gen"}
+# lm-eval's simple_evaluate defaults: the few-shot sampler's (and numpy's, torch's) seed is 1234 and
+# Python's random is seeded 0, so exemplars here are the ones `lm_eval --tasks gsm8k` draws
+LM_EVAL_SEED = 1234
+LM_EVAL_RANDOM_SEED = 0
 REPEAT_NGRAM = 4  # repetition loop: share of repeated 4-grams in a response
 
 
@@ -52,7 +56,7 @@ class RunSpec:
     dtype: str = "float32"
     fault: str | None = None
     margin: float = stats.DEFAULT_MARGIN
-    seed: int = 0
+    seed: int = LM_EVAL_SEED
     remote: object | None = None  # engines.openai.client.Remote for --engine openai
 
     def __post_init__(self):
@@ -69,19 +73,23 @@ class RunSpec:
             raise SpecError("--against: only 'reference' is supported")
 
 
-def _resolve_tasks(task: str, data: Path, out: Path) -> Path:
-    """Copy the task YAMLs into the run folder, pointing data_files at the chosen data, written
-    there as JSONL whatever its source format (parquet, CSV or JSONL in the hub schema)."""
+def _resolve_tasks(task: str, data: Data, out: Path) -> Path:
+    """Copy the task YAMLs into the run folder, pointing data_files at the chosen data (and, for a
+    few-shot task, its train split), written there as JSONL whatever the source format (parquet, CSV or
+    JSONL in the hub schema)."""
     dst = out / "tasks"
     if dst.exists():
         shutil.rmtree(dst)
     shutil.copytree(TASKS_DIR / VARIANTS[task][DEFAULT_VARIANT[task]][1], dst)
-    local = out / f"data-{task}.jsonl"
-    local.write_text("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in load_rows(data)))
+    swaps = {f"tasks/data/{BUNDLED[task].name}": (data.path, out / f"data-{task}.jsonl")}
+    if task in FEWSHOT and data.fewshot is not None:
+        swaps[f"tasks/data/{FEWSHOT[task].name}"] = (data.fewshot, out / f"data-{task}-fewshot.jsonl")
+    for src, local in swaps.values():
+        local.write_text("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in load_rows(src)))
     for y in dst.glob("*.yaml"):
-        text = y.read_text().replace(f"tasks/data/{BUNDLED[task].name}", str(local.resolve()))
-        fewshot = (TASKS_DIR / "data" / "gsm8k_fewshot.jsonl").resolve()
-        text = text.replace("tasks/data/gsm8k_fewshot.jsonl", str(fewshot))
+        text = y.read_text()
+        for name, (_, local) in swaps.items():
+            text = text.replace(name, str(local.resolve()))
         y.write_text(text)
     return dst
 
@@ -110,7 +118,7 @@ def _run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks
         res = lm_eval.simple_evaluate(model=lm, tasks=[name], limit=spec.limit, log_samples=True,
                                       task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False),
                                       apply_chat_template=chat, fewshot_as_multiturn=chat,
-                                      random_seed=spec.seed, numpy_random_seed=spec.seed,
+                                      random_seed=LM_EVAL_RANDOM_SEED, numpy_random_seed=spec.seed,
                                       torch_random_seed=spec.seed, fewshot_random_seed=spec.seed)
     finally:
         if lm.journal:
@@ -185,8 +193,10 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     out.mkdir(parents=True, exist_ok=True)
     src = resolve(spec.task, spec.data_dir)
     data, bundled = src.path, src.bundled
-    n_items = len(load_rows(data))
-    tasks_dir = _resolve_tasks(spec.task, data, out)
+    rows = load_rows(data)
+    check_rows(spec.task, data, rows)
+    n_items = len(rows)
+    tasks_dir = _resolve_tasks(spec.task, src, out)
     model = load_model(spec.model)
     # the engine under test is built (a server probed) first: what it cannot do is refused before any work
     from evalsuite.engines import make_engine
@@ -222,6 +232,9 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
         "variant": spec.variant or DEFAULT_VARIANT[spec.task],
         "dataset": {"path": str(data), "source": src.source, "origin": src.origin, "bundled_sample": bundled,
                     "items_in_file": n_items, "sha256": file_sha256(data),
+                    "fewshot": None if src.fewshot is None else {
+                        "path": str(src.fewshot), "sha256": file_sha256(src.fewshot),
+                        "items_in_file": len(load_rows(src.fewshot)), "seed": spec.seed},
                     "note": "BUNDLED SAMPLE written for evalsuite, not the real benchmark" if bundled
                     else "the hub's copy (datasets), cached" if src.source == "hub"
                     else "user-supplied data in the hub schema"},
@@ -246,7 +259,8 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
         ("remove what is listed as not checked: a server that takes token-id prompts or has a tokenize "
          "endpoint, and (for loglikelihood variants) states its echo logprobs come from its decode path "
          "(evalsuite serve does both), or a generative variant"),
-        "spec": asdict(spec), "seed": spec.seed, "versions": versions(), "seconds": round(time.time() - t0, 1),
+        "spec": asdict(spec), "seed": spec.seed, "random_seed": LM_EVAL_RANDOM_SEED, "versions": versions(),
+        "seconds": round(time.time() - t0, 1),
     }
     write_json(out / "comparison.json", result)
     typed = {k: result.pop(k) for k in ("verdict", "task", "variant", "items", "model", "settle")}

@@ -44,9 +44,12 @@ def test_hub_cache_is_used_and_named(monkeypatch, tmp_path):
     rows = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(3)]
     cached = tmp_path / "gsm8k-main-test.jsonl"
     cached.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train = tmp_path / "gsm8k-main-train.jsonl"  # the split lm-eval draws the 5 exemplars from
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows[::-1]))
     monkeypatch.setenv("EVALSUITE_DATA_CACHE", str(tmp_path))
     d = data.resolve("gsm8k", "hub")
     assert (d.path, d.source, d.origin, d.bundled) == (cached, "hub", "openai/gsm8k/main/test", False)
+    assert d.fewshot == train
     assert len(data.load_rows(d.path)) == 3
     sha = hashlib.sha256
     assert sha(cached.read_bytes()).hexdigest() != sha(data.BUNDLED["gsm8k"].read_bytes()).hexdigest()

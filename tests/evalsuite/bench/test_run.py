@@ -45,16 +45,25 @@ def test_data_dir_in_hub_schema_is_used_and_named(tmp_path):
     d.mkdir(parents=True)
     rows = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(4)]
     datasets.Dataset.from_list(rows).to_parquet(str(d / "test-00000-of-00001.parquet"))
+    train = [{"question": f"What is {i} + 2?", "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"} for i in range(6)]
+    datasets.Dataset.from_list(train[:4]).to_parquet(str(d / "train-00000-of-00001.parquet"))
+    p = cli("run", "gsm8k", "--model", "mini-llama", "--data-dir", str(tmp_path / "hub"),
+            "--output", str(tmp_path / "o"))
+    assert p.returncode == 2 and "4 rows, fewer than the 5 exemplars" in p.stderr and "Traceback" not in p.stderr
+    datasets.Dataset.from_list(train).to_parquet(str(d / "train-00000-of-00001.parquet"))
     p = cli("run", "gsm8k", "--model", "mini-llama", "--data-dir", str(tmp_path / "hub"),
             "--output", str(tmp_path / "out"), "--json")
     assert p.returncode in (0, 1, 3), p.stderr[-2000:]
     r = json.loads(p.stdout)
     assert not r["dataset"]["bundled_sample"] and r["dataset"]["path"].endswith(".parquet")
     assert r["items"] == 4 and r["dataset"]["items_in_file"] == 4 and r["dataset"]["source"] == "dir"
+    assert r["dataset"]["fewshot"]["path"].endswith("train-00000-of-00001.parquet")  # lm-eval's exemplar split
+    assert r["dataset"]["fewshot"]["seed"] == 1234 and r["dataset"]["fewshot"]["items_in_file"] == 6
     # --data hub reads the hub's copy from its cache (filled here by hand: no network on this machine)
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "gsm8k-main-test.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows[:2]))
+    (cache / "gsm8k-main-train.jsonl").write_text("".join(json.dumps(x) + "\n" for x in train))
     p = subprocess.run([sys.executable, "-m", "evalsuite.cli", "run", "gsm8k", "--model", "mini-llama", "--data", "hub",
                         "--output", str(tmp_path / "hub"), "--json"], capture_output=True, text=True, timeout=600,
                        env={**os.environ, **OFFLINE, "EVALSUITE_DATA_CACHE": str(cache)})
@@ -72,6 +81,47 @@ def test_bad_input_one_line(args, needle):
     assert p.returncode == 2 and "Traceback" not in p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and needle in lines[0]
+
+
+GPQA_COLUMNS = ("Record ID", "Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2",
+                "Incorrect Answer 3")
+
+
+def _gpqa_csv(rows, encoding="utf-8") -> bytes:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(GPQA_COLUMNS)
+    w.writerows(rows)
+    return buf.getvalue().encode(encoding)
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("empty", "no rows"),
+    ("duplicate", "duplicate item: rows 0 and 2 have the same Record ID 'rec1'"),
+    ("encoding", "cannot read as csv (UnicodeDecodeError"),
+    ("no-train", "no gsm8k train split"),
+])
+def test_bad_data_is_one_line(tmp_path, case, needle):
+    """Bad data files: exit 2 and one line naming the file and the problem, before any engine runs."""
+    d = tmp_path / "data"
+    d.mkdir()
+    row = ["rec1", "Which is heavier, 1 kg of lead or 2 kg of feathers?", "feathers", "lead", "same", "neither"]
+    task = "gsm8k" if case == "no-train" else "gpqa"
+    if case == "empty":
+        (d / "gpqa_diamond.csv").write_bytes(_gpqa_csv([]))
+    elif case == "duplicate":
+        (d / "gpqa_diamond.csv").write_bytes(_gpqa_csv([row, ["rec2", *row[1:]], row]))
+    elif case == "encoding":  # UTF-16 is not what the hub's CSV is (UTF-8)
+        (d / "gpqa_diamond.csv").write_bytes(_gpqa_csv([row, ["rec2", "Ångström?", *row[2:]]], "utf-16"))
+    else:
+        (d / "test.jsonl").write_text(json.dumps({"question": "1 + 1?", "answer": "#### 2"}) + "\n")
+    p = cli("run", task, "--model", "mini-llama", "--data", str(d), "--output", str(tmp_path / "o"))
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and "Traceback" not in p.stderr and len(lines) == 1, p.stderr[-1500:]
+    assert needle in lines[0]
 
 
 def test_missing_columns_and_corrupt_journal(tmp_path):
