@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -25,13 +26,21 @@ _PER_LAYER = {  # GGUF name inside blk.N -> (container name, transpose to (in, o
 
 
 def read_gguf(path: Path):
-    """Open a GGUF file, turning every failure into a one-line ModelError."""
-    import gguf
-
+    """Open a GGUF file, turning every failure into a one-line ModelError. The reader is kept per file
+    (path, size, mtime): the weights and the tokenizer both read it (engines.gguf_file)."""
+    path = Path(path)
     if not path.is_file():
         raise ModelError(f"weight file not found: {path}")
+    st = path.stat()
+    return _reader(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _reader(path: str, size: int, mtime_ns: int):
+    from engines.gguf_file import GGUFFile
+
     try:
-        return gguf.GGUFReader(str(path))
+        return GGUFFile(path)
     except Exception as e:  # the gguf package raises many kinds for a truncated/corrupt file
         raise ModelError(f"corrupt GGUF file {path}: {type(e).__name__}: {e}") from None
 

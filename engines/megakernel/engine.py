@@ -20,9 +20,10 @@ from engines.base import (
     check_prompts,
     next_pow2,
     source_fingerprint,
+    use_compile_cache,
 )
 from engines.errors import ModelError
-from engines.loop import MIN_PREFILL_BUCKET, forced_all, forced_from_decode, greedy_all, pad
+from engines.loop import MIN_PREFILL_BUCKET, attention_window, forced_all, forced_from_decode, greedy_all, pad
 from engines.megakernel import ops
 from engines.megakernel.kernel import FAULTS, KernelSpec, attn_keys, decode_layers, dense_keys, moe_keys
 from engines.megakernel.prefill import prefill_hidden
@@ -91,6 +92,7 @@ class MegakernelEngine(Engine):
             raise ModelError(f"unknown interpret mode {interpret!r}; expected one of {INTERPRET_MODES}")
         c = self.config = weights.config
         self.name = "megakernel"
+        use_compile_cache()
         self.dtype, self.fault, self.weights_sha256 = dtype, fault, weights.sha256
         self.fault_layer = c.n_layers // 2 if fault_layer is None else fault_layer
         self.interpret = True if interpret == "generic" else tpu_interpret_params()
@@ -112,7 +114,7 @@ class MegakernelEngine(Engine):
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("slots", "k", "want_logits"))
         self._score = jax.jit(self._score_impl, static_argnames=("want_taps",))
         self._gather = jax.jit(lambda kc, vc, keep: (kc[:, keep], vc[:, keep]))  # caches [L, B, K, S, hd]
-        self._decode = jax.jit(self._decode_impl, static_argnames=("k", "want_logits", "want_taps"),
+        self._decode = jax.jit(self._decode_impl, static_argnames=("k", "want_logits", "want_taps", "window"),
                                donate_argnums=(3, 4))
 
     # ---- jitted pieces -------------------------------------------------------------------------
@@ -136,12 +138,13 @@ class MegakernelEngine(Engine):
                                        tokens.shape[1], want_taps)
         return self._logits(w, x), taps
 
-    def _spec(self, batch: int, slots: int, want_taps: bool) -> KernelSpec:
-        return KernelSpec(self.config, batch, slots, min(ATTN_TILE, slots), self.fault, self.fault_layer,
+    def _spec(self, batch: int, slots: int, want_taps: bool, window: int | None = None) -> KernelSpec:
+        window = window or slots
+        return KernelSpec(self.config, batch, slots, min(ATTN_TILE, window), window, self.fault, self.fault_layer,
                           self.n_buffers, want_taps, self.interpret)
 
-    def _decode_impl(self, w, ids, pos, kc, vc, k, want_logits, want_taps=False):
-        spec = self._spec(ids.shape[0], kc.shape[3], want_taps)
+    def _decode_impl(self, w, ids, pos, kc, vc, k, want_logits, want_taps=False, window=None):
+        spec = self._spec(ids.shape[0], kc.shape[3], want_taps, window)
         x = w["embed"][ids].astype(F32)
         x, kc, vc, taps = decode_layers(spec, w["hbm"], x, pos, kc, vc, w["rope"])
         return (*self._pick(self._logits(w, x), k, want_logits), kc, vc, taps)
@@ -180,7 +183,7 @@ class MegakernelEngine(Engine):
 
     def _decode_step(self, ids, positions, state, k, want_logits):
         *out, kc, vc, _ = self._decode(self.w, jnp.asarray(ids), jnp.asarray(positions), *state, k=k,
-                                       want_logits=want_logits)
+                                       want_logits=want_logits, window=attention_window(positions, state[0].shape[3]))
         return (*out, (kc, vc))
 
     def _shrink_step(self, state, keep):

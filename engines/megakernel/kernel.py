@@ -69,7 +69,8 @@ class KernelSpec:
     config: Config
     batch: int
     slots: int  # KV cache positions per row
-    tile: int  # attention tile (cache positions per online-softmax step); divides slots
+    tile: int  # attention tile (cache positions per online-softmax step); divides window
+    window: int = 0  # cache positions each layer reads (every row's position is below it); 0: all slots
     fault: str | None = None
     fault_layer: int = 0  # the layer drop_layer skips
     n_buffers: int = 2  # weight buffers; 1 exists only as the race detector's negative control
@@ -86,11 +87,12 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     """
     c = spec.config
     B, D, L, K, hd = spec.batch, c.hidden, c.n_layers, c.n_kv_heads, c.head_dim
-    H, G, S, TS, nb = c.n_heads, c.n_heads // c.n_kv_heads, spec.slots, spec.tile, spec.n_buffers
+    H, G, TS, nb = c.n_heads, c.n_heads // c.n_kv_heads, spec.tile, spec.n_buffers
+    S = spec.window or spec.slots  # the cache positions read (and copied into VMEM) per layer
     Ld, Lm = c.n_dense_layers, c.n_moe_layers
     ak, dk, mk = attn_keys(c), dense_keys(c), moe_keys(c)
     streamed = ak + dk + mk
-    assert S % TS == 0 and 1 <= nb <= 2
+    assert S % TS == 0 and S <= spec.slots and 1 <= nb <= 2
 
     def kernel(*refs):
         pos_s, x_in, pos_v, perm_q, freq_q, perm_k, freq_k = refs[:7]
@@ -131,8 +133,12 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             """Layer l (traced) whose weights sit in buffer slot s (static: l % nb)."""
             nxt = (s + 1) % nb
             b_ = buf[s]
-            k_load = pltpu.make_async_copy(kc_in.at[l], kbuf, sem_kv.at[0])
-            v_load = pltpu.make_async_copy(vc_in.at[l], vbuf, sem_kv.at[1])
+            if S == spec.slots:
+                k_src, v_src = kc_in.at[l], vc_in.at[l]
+            else:  # the first S positions of every row's cache
+                k_src, v_src = kc_in.at[l, :, :, pl.ds(0, S), :], vc_in.at[l, :, :, pl.ds(0, S), :]
+            k_load = pltpu.make_async_copy(k_src, kbuf, sem_kv.at[0])
+            v_load = pltpu.make_async_copy(v_src, vbuf, sem_kv.at[1])
             k_load.start()
             v_load.start()
             wait(ak, l, s)

@@ -20,9 +20,10 @@ from engines.base import (
     check_prompts,
     next_pow2,
     source_fingerprint,
+    use_compile_cache,
 )
 from engines.errors import ModelError
-from engines.loop import MIN_PREFILL_BUCKET, forced_all, forced_from_decode, greedy_all
+from engines.loop import MIN_PREFILL_BUCKET, cache_slots, forced_all, forced_from_decode, greedy_all
 from engines.reference import model
 from engines.weights import Weights
 
@@ -46,7 +47,11 @@ def device_params(weights: Weights, dtype: str) -> dict:
 
 
 class ReferenceEngine(Engine):
-    """Pure-JAX reference. dtype "float32" or "bfloat16": the weights' dtype; matmul inputs are
+    """Pure-JAX reference. Its KV cache holds the slots the rows have reached (engines.loop.cache_slots),
+    not the loop's full prompt + max_new, and grows by buckets during decode: a decode step's attention
+    reads every slot of its cache, so an oversized cache is read for nothing (batch 32 at 1,000 tokens:
+    528 ms a step with a 2,048-slot cache read up to a 1,024 window, measured with benchmarks/decode.py).
+     dtype "float32" or "bfloat16": the weights' dtype; matmul inputs are
     rounded to it, everything else (residual, KV cache, norms, softmax, accumulation) is float32
     (see model.py: the bf16 recipe engines declare)."""
 
@@ -61,6 +66,7 @@ class ReferenceEngine(Engine):
         if dtype not in DTYPES:
             raise ModelError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
         self.name = "reference"
+        use_compile_cache()
         self.config = weights.config
         self.dtype = dtype
         self.weights_sha256 = weights.sha256
@@ -71,6 +77,9 @@ class ReferenceEngine(Engine):
                                 donate_argnums=(3, 4))
         self._decode = jax.jit(partial(self._decode_impl, c), static_argnames=("k", "want_logits"),
                                donate_argnums=(3, 4))
+        self._grow = jax.jit(lambda kc, vc, slots: (
+            [jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0))) for x in kc],
+            [jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0))) for x in vc]), static_argnames="slots")
         self._extend = jax.jit(partial(self._extend_impl, c), static_argnames=("k", "want_logits"),
                                donate_argnums=(4, 5))
         self._seed = jax.jit(self._seed_impl, static_argnames=("batch", "slots"))
@@ -84,7 +93,7 @@ class ReferenceEngine(Engine):
         B, T = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         kc = [jnp.zeros((B, c.n_kv_heads, T, c.head_dim), jnp.float32)] * c.n_layers
-        logits, _, _, taps = model.forward(p, c, tokens, positions, kc, kc, want_taps)
+        logits, _, _, taps = model.forward(p, c, tokens, positions, kc, kc, want_taps, fresh=True)
         return logits, taps
 
     @staticmethod
@@ -96,14 +105,15 @@ class ReferenceEngine(Engine):
 
     @classmethod
     def _prefill_impl(cls, c, p, tokens, lengths, kc, vc, k, want_logits):
-        return cls._extend_impl(c, p, tokens, lengths, 0, kc, vc, k, want_logits)
+        return cls._extend_impl(c, p, tokens, lengths, 0, kc, vc, k, want_logits, fresh=True)
 
     @classmethod
-    def _extend_impl(cls, c, p, tokens, lengths, start, kc, vc, k, want_logits):
-        """Prefill suffixes [B, T] at positions start.. over a cache already holding the prefix."""
+    def _extend_impl(cls, c, p, tokens, lengths, start, kc, vc, k, want_logits, fresh=False):
+        """Prefill suffixes [B, T] at positions start.. over a cache already holding the prefix
+        (fresh: start is 0 and the cache is empty)."""
         B, T = tokens.shape
         positions = start + jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        last, kc, vc, _ = model.forward(p, c, tokens, positions, kc, vc, logit_index=lengths - 1)
+        last, kc, vc, _ = model.forward(p, c, tokens, positions, kc, vc, logit_index=lengths - 1, fresh=fresh)
         return (*cls._pick(last, k, want_logits), kc, vc)
 
     @staticmethod
@@ -177,7 +187,7 @@ class ReferenceEngine(Engine):
                          for p, t in zip(prompts, next_ids)])
 
     def _prefill_step(self, tokens, lengths, slots, k, want_logits):
-        kc, vc = self.new_cache(tokens.shape[0], slots)
+        kc, vc = self.new_cache(tokens.shape[0], cache_slots(tokens.shape[1], slots))
         *out, kc, vc = self._prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths), kc, vc,
                                      k=k, want_logits=want_logits)
         return (*out, (kc, vc))
@@ -192,7 +202,8 @@ class ReferenceEngine(Engine):
             state = self._prefill_step(ptoks, np.array([P], np.int32), ptoks.shape[1], 1, False)[-1]
             self._prefix = (prefix, state)
         pk, pv = self._prefix[1]
-        kc, vc = self._seed(pk, pv, batch=tokens.shape[0], slots=slots)
+        need = max(len(prefix) + tokens.shape[1], pk[0].shape[2])  # the prefix's (bucketed) cache fits whole
+        kc, vc = self._seed(pk, pv, batch=tokens.shape[0], slots=cache_slots(need, slots))
         *out, kc, vc = self._extend(self.params, jnp.asarray(tokens), jnp.asarray(lengths),
                                     jnp.int32(len(prefix)), kc, vc, k=k, want_logits=want_logits)
         return (*out, (kc, vc))
@@ -202,6 +213,9 @@ class ReferenceEngine(Engine):
         return self._gather(*state, jnp.asarray(keep))
 
     def _decode_step(self, ids, positions, state, k, want_logits):
+        need = cache_slots(int(np.max(positions)) + 1, 1 << 30)
+        if need > state[0][0].shape[2]:  # the cache grows by buckets as the rows advance
+            state = self._grow(*state, slots=need)
         *out, kc, vc = self._decode(self.params, jnp.asarray(ids), jnp.asarray(positions), *state,
                                     k=k, want_logits=want_logits)
         return (*out, (kc, vc))

@@ -73,6 +73,27 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array) -> jax
     return out.reshape(B, T, H * hd)
 
 
+# Query rows per block of a fresh prefill's causal attention: block i attends to keys 0..end of block i
+# only, so about half the T x T scores are never formed, and each block's scores stay in cache.
+PREFILL_QUERY_BLOCK = 256
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array) -> jax.Array:
+    """Causal attention of T fresh tokens at positions 0..T-1 among themselves (nothing cached before).
+
+    q [B, T, H, hd]; k, v [B, T, K, hd]; positions [B, T] (= 0..T-1). Returns [B, T, H*hd], the same
+    as attention() over a cache holding exactly these keys; queries run in blocks of
+    PREFILL_QUERY_BLOCK, each over the keys up to its own last position (the rest are masked anyway).
+    """
+    T = q.shape[1]
+    kk, vv = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, hd]: the cache layout
+    outs = []
+    for a in range(0, T, PREFILL_QUERY_BLOCK):
+        b = min(a + PREFILL_QUERY_BLOCK, T)
+        outs.append(attention(q[:, a:b], kk[:, :, :b], vv[:, :, :b], positions[:, a:b]))
+    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
+
+
 def rounded(x: jax.Array, dtype) -> jax.Array:
     """x rounded to dtype (a matmul input in bf16 mode), held as float32."""
     return x.astype(dtype).astype(f32)
@@ -129,8 +150,11 @@ def moe(x: jax.Array, p: dict, m: int, c: Config) -> jax.Array:
 
 def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
             k_cache: jax.Array, v_cache: jax.Array, want_taps: bool = False,
-            logit_index: jax.Array | None = None):
+            logit_index: jax.Array | None = None, fresh: bool = False):
     """Run T new tokens per row through every layer, writing their K/V into the cache.
+
+    fresh: the tokens sit at positions 0..T-1 of an empty cache (a prefill from the start), so
+    attention reads this call's own keys (causal_attention) instead of all S cache slots.
 
     tokens, positions [B, T] int32; k_cache, v_cache: lists of L arrays [B, K, S, hd] (one buffer
     per layer, so the in-place cache update never copies the other layers).
@@ -157,7 +181,8 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
         # advanced indices (rows, positions) around a slice: the update is shaped [B, T, K, hd]
         k_cache[layer] = k_cache[layer].at[rows, :, positions].set(k.astype(k_cache[layer].dtype))
         v_cache[layer] = v_cache[layer].at[rows, :, positions].set(v.astype(v_cache[layer].dtype))
-        attn = attention(q, k_cache[layer], v_cache[layer], positions)
+        attn = (causal_attention(q, k, v, positions) if fresh
+                else attention(q, k_cache[layer], v_cache[layer], positions))
         x = x + matmul(attn, p["wo"][layer])
         h = rms_norm(x, p["mlp_norm"][layer], c.rms_eps)
         if layer < c.n_dense_layers:
