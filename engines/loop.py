@@ -135,15 +135,26 @@ def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence
 
 
 def forced_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]],
-                 continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:
-    """Per row logits [N, V]: row j predicts continuation[j] from prompt + continuation[:j]."""
+                 continuations: Sequence[Sequence[int]], shrink: Callable | None = None) -> list[np.ndarray]:
+    """Per row logits [N, V]: row j predicts continuation[j] from prompt + continuation[:j].
+    With shrink(state, keep) (the engine's gather of cache rows), a prompt that several rows share (a
+    multiple-choice question's context, once per choice) is prefilled once and its cache row copied."""
     n = len(prompts)
     n_max = max(len(x) for x in continuations)
-    tokens, lengths, S = pad(prompts, n_max)
+    first: dict[tuple, int] = {}
+    owner = [first.setdefault(tuple(p), len(first)) for p in prompts]  # row -> its unique prompt
+    if shrink is not None and len(first) < n:
+        unique = [list(p) for p in first]
+        tokens, lengths, S = pad(unique, n_max)
+        *_, lg, state = prefill(tokens, lengths, S, 1, True)
+        keep = np.array(owner + [owner[0]] * (next_pow2(n) - n), np.int32)  # padding repeats row 0
+        state, lg, lengths = shrink(state, keep), np.asarray(lg)[keep], lengths[keep]
+    else:
+        tokens, lengths, S = pad(prompts, n_max)
+        *_, lg, state = prefill(tokens, lengths, S, 1, True)
     forced = np.zeros((len(lengths), n_max), np.int32)
     for r, x in enumerate(continuations):
         forced[r, :len(x)] = x
-    *_, lg, state = prefill(tokens, lengths, S, 1, True)
     steps = [np.asarray(lg)]
     for j in range(n_max - 1):
         *_, lg, state = decode(forced[:, j], lengths + j, state, 1, True)
@@ -169,11 +180,13 @@ def greedy_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[i
 
 
 def forced_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]],
-               continuations: Sequence[Sequence[int]], max_rows: int) -> list[np.ndarray]:
+               continuations: Sequence[Sequence[int]], max_rows: int,
+               shrink: Callable | None = None) -> list[np.ndarray]:
     """forced_batch over every prompt, in calls bounded by max_rows and the prefill token budget."""
     out: list[np.ndarray] = []
     for idx in batches([len(p) for p in prompts], max_rows):
-        out.extend(forced_batch(prefill, decode, [prompts[i] for i in idx], [continuations[i] for i in idx]))
+        out.extend(forced_batch(prefill, decode, [prompts[i] for i in idx], [continuations[i] for i in idx],
+                                shrink))
     return out
 
 

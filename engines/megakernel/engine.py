@@ -203,7 +203,8 @@ class MegakernelEngine(Engine):
                       continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Prefill (XLA), then every continuation token through the kernel; logits [N, V] per row."""
         self._check([list(p) + list(x) for p, x in zip(prompts, continuations)], 1)
-        return forced_all(self._prefill_step, self._decode_step, prompts, continuations, MAX_BATCH)
+        return forced_all(self._prefill_step, self._decode_step, prompts, continuations, MAX_BATCH,
+                          shrink=self._shrink_step)
 
     def forced_topk(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], k: int = 5,
                     want_logits: bool = False) -> list[Forced]:

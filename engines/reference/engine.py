@@ -173,7 +173,8 @@ class ReferenceEngine(Engine):
         c = self.config
         check_prompts([list(p) + list(x) for p, x in zip(prompts, continuations)], c.vocab_size,
                       c.max_context + 1, 1)
-        return forced_all(self._prefill_step, self._decode_step, prompts, continuations, MAX_BATCH)
+        return forced_all(self._prefill_step, self._decode_step, prompts, continuations, MAX_BATCH,
+                          shrink=self._shrink_step)
 
     def forced_topk(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], k: int = 5,
                     want_logits: bool = False) -> list[Forced]:

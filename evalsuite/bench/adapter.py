@@ -139,34 +139,48 @@ class EngineLM(TemplateLM):
         from evalsuite.bench.journal import request_key
         from evalsuite.bench.live import ChoiceTally
 
-        out = []
+        out: list[tuple[float, bool]] = []
         docs = self._ll_docs
         docs = docs if docs is not None and len(docs) == len(requests) else None
         tally = self.live = ChoiceTally()
         bar = _bar(len(requests), "loglikelihood", self.progress and not disable_tqdm)
-        for j, (_, context_enc, continuation_enc) in enumerate(requests):
-            key = request_key(self.identity, "ll", [list(context_enc), list(continuation_enc)])
-            hit = self.journal.get(key) if self.journal else None
-            if hit is None:
-                hit = {"key": key, "kind": "ll", "result": list(self._score_one(context_enc, continuation_enc))}
+        # lm-eval hands the requests longest first, a question's choices side by side: each chunk of
+        # gen_batch rows is one forced_topk call (the engine prefills a context its rows share once)
+        for s in range(0, len(requests), self.gen_batch):
+            chunk = requests[s:s + self.gen_batch]
+            keys = [request_key(self.identity, "ll", [list(c), list(x)]) for _, c, x in chunk]
+            hits = [self.journal.get(k) if self.journal else None for k in keys]
+            todo = [i for i, h in enumerate(hits) if h is None]
+            if todo:
+                scored = self._score([(chunk[i][1], chunk[i][2]) for i in todo])
+                new = [{"key": keys[i], "kind": "ll", "result": list(r)} for i, r in zip(todo, scored)]
+                for i, h in zip(todo, new):
+                    hits[i] = h
                 if self.journal:
-                    self.journal.add([hit])
-            out.append((float(hit["result"][0]), bool(hit["result"][1])))
-            if docs is not None:
-                doc, doc_id, idx, n = docs[j]
-                tally.add_choice(doc, doc_id, idx, n, out[-1][0])
-                bar.set_postfix(tally.postfix(), refresh=False)
-            bar.update(1)
+                    self.journal.add(new)
+            for i, h in enumerate(hits):
+                out.append((float(h["result"][0]), bool(h["result"][1])))
+                if docs is not None:
+                    doc, doc_id, idx, n = docs[s + i]
+                    tally.add_choice(doc, doc_id, idx, n, out[-1][0])
+                    bar.set_postfix(tally.postfix(), refresh=False)
+                bar.update(1)
         bar.close()
         return out
 
-    def _score_one(self, context_enc, continuation_enc) -> tuple[float, bool]:
-        seq = (list(context_enc) + list(continuation_enc))[-(self.max_length + 1):]
-        n = len(continuation_enc)
-        if len(seq) <= n:
-            raise SpecError(f"a continuation of {n} tokens leaves no context within max_length {self.max_length}")
-        f = self.engine.forced_topk([seq[:-n]], [seq[-n:]], 1)[0]
-        return float(np.sum(f.token_logprobs)), bool((f.top_ids[:, 0] == np.asarray(seq[-n:])).all())
+    def _score(self, pairs) -> list[tuple[float, bool]]:
+        """(sum of continuation logprobs, greedy) per (context, continuation), in one forced_topk call."""
+        prompts, conts = [], []
+        for context_enc, continuation_enc in pairs:
+            seq = (list(context_enc) + list(continuation_enc))[-(self.max_length + 1):]
+            n = len(continuation_enc)
+            if len(seq) <= n:
+                raise SpecError(f"a continuation of {n} tokens leaves no context within max_length {self.max_length}")
+            prompts.append(seq[:-n])
+            conts.append(seq[-n:])
+        forced = self.engine.forced_topk(prompts, conts, 1)
+        return [(float(np.sum(f.token_logprobs)), bool((f.top_ids[:, 0] == np.asarray(x)).all()))
+                for f, x in zip(forced, conts)]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         out = []

@@ -141,8 +141,8 @@ def test_changed_engine_never_reuses_journal_answers(mini_llama, monkeypatch, tm
     calls = []
     monkeypatch.setattr(MegakernelEngine, "fingerprint", property(lambda self: "another-kernel"))
     lm2 = EngineLM(engine="megakernel", model="mini-llama", journal=str(journal), progress=False)
-    orig = lm2._score_one
-    monkeypatch.setattr(lm2, "_score_one", lambda *a: calls.append(a) or orig(*a))
+    orig = lm2._score
+    monkeypatch.setattr(lm2, "_score", lambda *a: calls.append(a) or orig(*a))
     lm2._loglikelihood_tokens([(None, [1, 2, 3], [4])])
     lm2.journal.close()
     assert len(calls) == 1  # recomputed, not reused

@@ -71,7 +71,7 @@ def test_probe_reports_llama_cpp_capabilities_right(llama_like, smollm2, smollm2
     assert llama_like.retried_refusals() == []
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # 64 s on smollm2; CI keeps the refusal logic in test_unverifiable_echo_is_refused (mini-llama)
 def test_diff_and_refusals_over_llama_cpp_quirks(llama_like, tmp_path):
     """diff completes with a verdict (the served engine IS the reference: nothing may FAIL); golden
     check and loglikelihood tasks are refused in one line naming the misaligned echo."""
