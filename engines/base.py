@@ -273,7 +273,8 @@ def source_fingerprint(package_dir, spec: dict) -> str:
 # for compiling each shape once per machine, not once per process. Off with EVALSUITE_COMPILE_CACHE=off;
 # elsewhere with EVALSUITE_COMPILE_CACHE=DIR. A directory the user set for jax already is left alone.
 COMPILE_CACHE_MIN_SECONDS = 0.5  # programs that compile faster are not worth a disk entry
-COMPILE_CACHE_MAX_BYTES = 2 << 30  # least recently used entries are evicted past this
+# No size limit is set: jax's size-limited (LRU) cache warned "Error writing persistent compilation cache
+# entry ... -atime: FileNotFoundError" here; an entry is about 0.3 MB (740 KB for a generate's three).
 
 
 def use_compile_cache() -> str | None:
@@ -295,5 +296,4 @@ def use_compile_cache() -> str | None:
         return None  # a read-only home: compile in memory as before
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", COMPILE_CACHE_MIN_SECONDS)
-    jax.config.update("jax_compilation_cache_max_size", COMPILE_CACHE_MAX_BYTES)
     return str(path)
