@@ -202,6 +202,8 @@ class EngineLM(TemplateLM):
         out: list[str | None] = [None] * len(args)
         groups: dict[tuple, list[int]] = {}
         keys = []
+        first: dict[str, int] = {}  # key -> the request that computes it
+        repeats: dict[int, int] = {}  # request -> the earlier request with the same key
         for i, (ctx, kw) in enumerate(args):
             until, max_toks, key = self._gen_request(ctx, kw)
             keys.append(key)
@@ -209,10 +211,14 @@ class EngineLM(TemplateLM):
             if hit is not None:
                 out[i] = hit["result"]
                 tally.add(judge_generation(docs[i], out[i]))
+            elif keys[i] in first:  # the same request again (a task may repeat a prompt): computed once
+                repeats[i] = first[keys[i]]
             else:
+                first[keys[i]] = i
                 groups.setdefault((tuple(until), max_toks), []).append(i)
         todo = sum(len(v) for v in groups.values())
-        bar = _bar(len(args), "generate", self.progress and not disable_tqdm, initial=len(args) - todo)
+        bar = _bar(len(args), "generate", self.progress and not disable_tqdm,
+                   initial=len(args) - todo - len(repeats))
         bar.set_postfix(tally.postfix(), refresh=False)
         for (until, max_toks), idx in groups.items():
             # longest first: similar lengths share a batch, and the ETA is pessimistic, not optimistic
@@ -236,6 +242,10 @@ class EngineLM(TemplateLM):
                     self.journal.add(recs)
                 bar.set_postfix(tally.postfix(), refresh=False)
                 bar.update(len(chunk))
+        for i, j in repeats.items():
+            out[i] = out[j]
+            tally.add(judge_generation(docs[i], out[i]))
+        bar.update(len(repeats))
         bar.close()
         return out
 
