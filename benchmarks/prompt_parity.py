@@ -1,8 +1,8 @@
-"""Are evalsuite's prompts lm-eval's own? Renders lm-eval's task definitions (gsm8k 5-shot,
-gpqa_diamond_zeroshot, gpqa_diamond_cot_zeroshot) and evalsuite's (evalsuite_gsm8k, evalsuite_gpqa_mc,
-evalsuite_gpqa_cot) on the same real items (../shared/data, read-only) through lm-eval's own Task API, as
-`simple_evaluate` would (random seed 0, few-shot seed 1234), and compares every request (context,
-continuations, generation settings) character for character.
+"""Are evalsuite's prompts lm-eval's own? Renders lm-eval's task definitions (gsm8k 5-shot, gsm8k_cot,
+gpqa_diamond_zeroshot, gpqa_diamond_cot_zeroshot) and evalsuite's (evalsuite_gsm8k, evalsuite_gsm8k_cot,
+evalsuite_gpqa_mc, evalsuite_gpqa_cot) on the same real items (../shared/data, read-only) through
+lm-eval's own Task API, as `simple_evaluate` would (random seed 0, few-shot seed 1234), and compares
+every request (context, continuations, generation settings) character for character.
 
 GPQA's answer order is the one difference by design (lm-eval shuffles with the process-wide random
 state, evalsuite per question from its Record ID): for those items evalsuite's template is rendered
@@ -144,7 +144,7 @@ def main() -> None:
     d = Path(args.data).resolve()
     tmp = Path(tempfile.mkdtemp(prefix="evalsuite-parity-"))
     gsm = {"train": str(d / "gsm8k" / "train.jsonl"), "test": str(d / "gsm8k" / "test.jsonl")}
-    lm_eval_copy("gsm8k", ["gsm8k.yaml"], tmp / "lm" / "gsm8k", gsm, "json")
+    lm_eval_copy("gsm8k", ["gsm8k.yaml", "gsm8k-cot.yaml"], tmp / "lm" / "gsm8k", gsm, "json")
     gpqa = {"train": str(d / "gpqa" / "gpqa_diamond.csv")}
     lm_eval_copy("gpqa/zeroshot", ["_gpqa_zeroshot_yaml", "gpqa_diamond_zeroshot.yaml"], tmp / "lm" / "gpqa", gpqa,
                  "csv")
@@ -155,6 +155,9 @@ def main() -> None:
     bad = compare("gsm8k 5-shot (evalsuite_gsm8k vs lm-eval gsm8k)",
                   requests("evalsuite_gsm8k", ours_g, args.limit)[1],
                   requests("gsm8k", tmp / "lm" / "gsm8k", args.limit)[1])
+    bad += compare("gsm8k 8-shot CoT (evalsuite_gsm8k_cot vs lm-eval gsm8k_cot)",
+                   requests("evalsuite_gsm8k_cot", ours_g, args.limit)[1],
+                   requests("gsm8k_cot", tmp / "lm" / "gsm8k", args.limit)[1])
     for ours_name, theirs_name, folder in (("evalsuite_gpqa_mc", "gpqa_diamond_zeroshot", "gpqa"),
                                            ("evalsuite_gpqa_cot", "gpqa_diamond_cot_zeroshot", "gpqa-cot")):
         theirs = requests(theirs_name, tmp / "lm" / folder, args.limit)

@@ -203,7 +203,8 @@ def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model,
 @main.command("run")
 @click.argument("task")
 @click.option("--variant", default=None,
-              help="gsm8k: 5shot (default) or chat; gpqa: mc (default) or cot; sanity: gen (default) or mc.")
+              help="gsm8k: 5shot (default), chat or cot (lm-eval's gsm8k_cot, 8 fixed exemplars); "
+                   "gpqa: mc (default) or cot; sanity: gen (default) or mc.")
 @click.option("--engine", default="megakernel", show_default=True)
 @click.option("--against", default="reference", show_default=True)
 @click.option("--model", default=DEFAULT_MODEL, show_default=True)

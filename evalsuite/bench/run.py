@@ -27,7 +27,9 @@ VARIANTS = {
     # gsm8k's primary filter is flexible-extract: a 135M model rarely writes "#### N" (strict-match
     # scored 0/20 on smollm2 where flexible found answers); both are recorded per item.
     "gsm8k": {"5shot": ("evalsuite_gsm8k", "gsm8k", "flexible-extract", "exact_match", False),
-              "chat": ("evalsuite_gsm8k", "gsm8k", "flexible-extract", "exact_match", True)},
+              "chat": ("evalsuite_gsm8k", "gsm8k", "flexible-extract", "exact_match", True),
+              # lm-eval's gsm8k_cot: 8 fixed chain-of-thought exemplars, shared by every prompt
+              "cot": ("evalsuite_gsm8k_cot", "gsm8k", "flexible-extract", "exact_match", False)},
     "gpqa": {"mc": ("evalsuite_gpqa_mc", "gpqa", "none", "acc", False),
              "cot": ("evalsuite_gpqa_cot", "gpqa", "flexible-extract", "exact_match", False)},
     # project-written items a 135M model gets right (tasks/make_sanity.py): where a broken engine
