@@ -218,6 +218,10 @@ class Engine(abc.ABC):
     weights_sha256: str | None
     capabilities: Capabilities
     max_batch: int = 8  # rows per call that evalsuite sends at once
+    # True: generate() takes on_result(i, Generation), called as prompt i finishes; evalsuite then hands
+    # it a whole task's prompts in one call (the engine batches them as it likes: continuous batching)
+    # and journals each answer as it comes. False: evalsuite sends max_batch prompts per call.
+    streams_results: ClassVar[bool] = False
 
     @classmethod
     @abc.abstractmethod

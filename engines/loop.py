@@ -10,6 +10,7 @@ decode(ids [B], positions [B], state, k, want_logits).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -28,6 +29,10 @@ MIN_SHARED_PREFIX = 32
 # over 32 (smollm2, measured in development; benchmarks/decode.py prints the context figures). Windows
 # start at 64 slots: each size is one more compilation.
 MIN_WINDOW = 64
+# Continuous batching: once this share of a batch's rows (1/4) has finished while prompts are waiting,
+# the waiting ones are prefilled into the finished rows' places. Refilling one row at a time would
+# prefill in many small calls (and compile more shapes); waiting for a quarter keeps calls batched.
+REFILL_SHARE = 4
 
 
 def attention_window(positions, slots: int) -> int:
@@ -79,6 +84,16 @@ def common_prefix(prompts: Sequence[Sequence[int]]) -> int:
     return max(n, 0)
 
 
+def stream_slots(prompts: Sequence[Sequence[int]], max_new: int, prefix_len: int = 0) -> int:
+    """Cache slots for a batch of these prompts (of which the first prefix_len tokens are shared)."""
+    P = prefix_len
+    longest = max(len(p) - P for p in prompts)
+    if P:
+        return next_pow2(max(next_pow2(P, MIN_PREFILL_BUCKET), P + next_bucket(longest, MIN_PREFILL_BUCKET),
+                             P + longest + max_new))
+    return next_pow2(max(next_bucket(longest, MIN_PREFILL_BUCKET), longest + max_new))
+
+
 def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,
                  stop: set[int], k: int, want_logits: bool, extend: Callable | None = None,
                  prefix_len: int = 0, stop_check: Callable | None = None,
@@ -92,7 +107,7 @@ def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence
     if extend is not None and prefix_len > 0:
         P = prefix_len
         tokens, lengths, _ = pad([p[P:] for p in prompts], max_new)
-        S = next_pow2(max(next_pow2(P, MIN_PREFILL_BUCKET), P + tokens.shape[1], P + int(lengths.max()) + max_new))
+        S = stream_slots(prompts, max_new, P)
         nxt, ti, tv, lg, state = extend(tuple(int(t) for t in prompts[0][:P]), tokens, lengths, S, k, want_logits)
         pos = lengths + P
     else:
@@ -134,6 +149,96 @@ def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence
             for r in range(n)]
 
 
+def greedy_stream(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,
+                  stop: set[int], k: int, want_logits: bool, max_rows: int, insert: Callable,
+                  extend: Callable | None = None, prefix_len: int = 0, stop_check: Callable | None = None,
+                  shrink: Callable | None = None, on_result: Callable | None = None) -> list[Generation]:
+    """Greedy decode of every prompt with continuous batching: up to max_rows rows decode together and a
+    finished row's place goes to the next waiting prompt, so one long answer holds up one row, not a
+    batch. Waiting prompts are prefilled (their shared prefix_len tokens through extend, as in
+    greedy_batch) and insert(state, rows_state, where, src, batch, slots) writes row src[j] of their
+    cache into batch row where[j] (state None: an empty cache of batch rows first). Once nothing waits,
+    the batch shrinks as in greedy_batch. on_result(i, Generation) is called as prompt i finishes."""
+    n, P = len(prompts), prefix_len
+    S = stream_slots(prompts, max_new, P)
+    B = min(next_pow2(min(n, max_rows)), max_rows)
+    pending = deque(range(n))
+    state = None
+    nxt = np.zeros(B, np.int32)
+    pos = np.zeros(B, np.int32)  # a free row decodes token 0 at position 0: harmless, it is overwritten on refill
+    slot_row: list[int | None] = [None] * B
+    ids: list[list[int]] = [[] for _ in range(n)]
+    tops_i: list[list] = [[] for _ in range(n)]
+    tops_v: list[list] = [[] for _ in range(n)]
+    logits: list[list] = [[] for _ in range(n)]
+    stopped = [False] * n
+    out: list[Generation | None] = [None] * n
+
+    def record(s: int, tok: int, ti, tv, lg) -> None:
+        r = slot_row[s]
+        ids[r].append(int(tok))
+        tops_i[r].append(ti)
+        tops_v[r].append(tv)
+        if want_logits:
+            logits[r].append(lg)
+        stopped[r] = int(tok) in stop or bool(stop_check and stop_check(ids[r]))
+        if stopped[r] or len(ids[r]) >= max_new:
+            out[r] = Generation(list(map(int, prompts[r])), ids[r], np.stack(tops_i[r]), np.stack(tops_v[r]),
+                                "stop" if stopped[r] else "length", np.stack(logits[r]) if want_logits else None)
+            slot_row[s], nxt[s], pos[s] = None, 0, 0
+            if on_result is not None:
+                on_result(r, out[r])
+
+    def admit() -> None:
+        nonlocal state
+        free = [s for s in range(B) if slot_row[s] is None]
+        take = [pending.popleft() for _ in range(min(len(free), len(pending)))]
+        for idx in batches([len(prompts[i]) - P for i in take], len(take)):
+            rows = [take[j] for j in idx]
+            if P:
+                tokens, lengths, _ = pad([prompts[i][P:] for i in rows], max_new)
+                nx, ti, tv, lg, rows_state = extend(tuple(int(t) for t in prompts[0][:P]), tokens, lengths, S, k,
+                                                    want_logits)
+            else:
+                tokens, lengths, _ = pad([prompts[i] for i in rows], max_new)
+                nx, ti, tv, lg, rows_state = prefill(tokens, lengths, S, k, want_logits)
+            m, R = len(rows), len(lengths)
+            where, free = free[:m], free[m:]
+            state = insert(state, rows_state, np.array(where + [where[-1]] * (R - m), np.int32),
+                           np.array(list(range(m)) + [m - 1] * (R - m), np.int32), B, S)
+            nx_h, ti_h, tv_h = np.asarray(nx), np.asarray(ti), np.asarray(tv)
+            lg_h = np.asarray(lg) if want_logits else None
+            for j, (s, r) in enumerate(zip(where, rows)):
+                slot_row[s], nxt[s], pos[s] = r, nx_h[j], lengths[j] + P
+                record(s, nx_h[j], ti_h[j], tv_h[j], lg_h[j] if want_logits else None)
+
+    while True:
+        free = sum(r is None for r in slot_row)
+        if pending and (free == B or free * REFILL_SHARE >= B):
+            admit()
+        live = [s for s in range(B) if slot_row[s] is not None]
+        if not live:
+            if not pending:
+                break
+            continue
+        if not pending and shrink is not None and len(live) <= B // 2:
+            B = next_pow2(len(live))
+            keep = np.array(live + [live[0]] * (B - len(live)), np.int32)  # padding repeats a live row
+            state = shrink(state, keep)
+            nxt, pos = nxt[keep], pos[keep]
+            slot_row = [slot_row[s] for s in live] + [None] * (B - len(live))
+            nxt[len(live):], pos[len(live):] = 0, 0
+            live = list(range(len(live)))
+        nx, ti, tv, lg, state = decode(nxt.copy(), pos.copy(), state, k, want_logits)
+        pos[live] += 1
+        nx_h, ti_h, tv_h = np.asarray(nx), np.asarray(ti), np.asarray(tv)
+        lg_h = np.asarray(lg) if want_logits else None
+        for s in live:
+            nxt[s] = nx_h[s]
+            record(s, nx_h[s], ti_h[s], tv_h[s], lg_h[s] if want_logits else None)
+    return out  # type: ignore[return-value]
+
+
 def forced_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]],
                  continuations: Sequence[Sequence[int]], shrink: Callable | None = None) -> list[np.ndarray]:
     """Per row logits [N, V]: row j predicts continuation[j] from prompt + continuation[:j].
@@ -166,16 +271,26 @@ def forced_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence
 def greedy_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,
                stop_ids: Sequence[int], k: int, want_logits: bool, max_rows: int,
                extend: Callable | None = None, stop_check: Callable | None = None,
-               shrink: Callable | None = None) -> list[Generation]:
-    """greedy_batch over every prompt, in calls bounded by max_rows and the prefill token budget.
-    When the engine offers extend and the prompts share a prefix of MIN_SHARED_PREFIX tokens or
-    more, batches are formed on the suffix lengths and the prefix is not recomputed per row."""
+               shrink: Callable | None = None, insert: Callable | None = None,
+               on_result: Callable | None = None) -> list[Generation]:
+    """Every prompt, greedily: with insert (the engine's cache-row write), by greedy_stream's continuous
+    batching; without, by greedy_batch in calls bounded by max_rows and the prefill token budget
+    (on_result then called per call). When the engine offers extend and the prompts share a prefix of
+    MIN_SHARED_PREFIX tokens or more, the prefix is not recomputed per row."""
     P = common_prefix(prompts) if extend is not None and len(prompts) > 1 else 0
     P = P if P >= MIN_SHARED_PREFIX else 0
+    stop = {int(s) for s in stop_ids}
+    if insert is not None:
+        return greedy_stream(prefill, decode, prompts, max_new, stop, k, want_logits, max_rows, insert, extend, P,
+                             stop_check, shrink, on_result)
     out: list[Generation] = []
     for idx in batches([len(p) - P for p in prompts], max_rows):
-        out.extend(greedy_batch(prefill, decode, [prompts[i] for i in idx], max_new,
-                                {int(s) for s in stop_ids}, k, want_logits, extend, P, stop_check, shrink))
+        gens = greedy_batch(prefill, decode, [prompts[i] for i in idx], max_new, stop, k, want_logits, extend, P,
+                            stop_check, shrink)
+        out.extend(gens)
+        for i, g in zip(idx, gens):
+            if on_result is not None:
+                on_result(i, g)
     return out
 
 

@@ -74,6 +74,7 @@ class MegakernelEngine(Engine):
 
     capabilities = Capabilities(logits=True, taps=True, forced_path="decode")
     max_batch = MAX_BATCH
+    streams_results = True  # continuous batching (engines.loop.greedy_stream)
     faults = ENGINE_FAULTS
 
     @classmethod
@@ -112,8 +113,15 @@ class MegakernelEngine(Engine):
         self.w = {"hbm": self.hbm, "embed": self.embed, "head_t": self.head_t,
                   "final_norm": self.final_norm, "rope": self.rope}
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("slots", "k", "want_logits"))
+        self._extend = jax.jit(self._extend_impl, static_argnames=("slots", "k", "want_logits"))
+        self._prefix_kv = jax.jit(lambda w, tokens: prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"],
+                                                                   tokens, tokens.shape[1])[1:3])
+        self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its K/V [L, 1, K, P, hd])
+        self.share_prefix = True  # False: every row prefilled in full (the benchmark's ablation)
         self._score = jax.jit(self._score_impl, static_argnames=("want_taps",))
         self._gather = jax.jit(lambda kc, vc, keep: (kc[:, keep], vc[:, keep]))  # caches [L, B, K, S, hd]
+        self._put = jax.jit(lambda kc, vc, rk, rv, where, src: (kc.at[:, where].set(rk[:, src]),
+                                                                vc.at[:, where].set(rv[:, src])), donate_argnums=(0, 1))
         self._decode = jax.jit(self._decode_impl, static_argnames=("k", "want_logits", "want_taps", "window"),
                                donate_argnums=(3, 4))
 
@@ -130,6 +138,12 @@ class MegakernelEngine(Engine):
 
     def _prefill_impl(self, w, tokens, lengths, slots, k, want_logits):
         x, kc, vc, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots)
+        last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, D]
+        return (*self._pick(self._logits(w, last), k, want_logits), kc, vc)
+
+    def _extend_impl(self, w, prefix_k, prefix_v, tokens, lengths, slots, k, want_logits):
+        x, kc, vc, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots,
+                                      prefix=(prefix_k, prefix_v))
         last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, D]
         return (*self._pick(self._logits(w, last), k, want_logits), kc, vc)
 
@@ -158,7 +172,7 @@ class MegakernelEngine(Engine):
         return source_fingerprint(Path(__file__).parent, {
             "engine": self.name, "dtype": self.dtype, "fault": self.fault, "fault_layer": self.fault_layer,
             "n_buffers": self.n_buffers, "interpret": str(self.interpret), "attn_tile": ATTN_TILE,
-            "max_batch": MAX_BATCH, "weights": self.weights_sha256})
+            "max_batch": MAX_BATCH, "share_prefix": self.share_prefix, "weights": self.weights_sha256})
 
     def _check(self, prompts, max_new):
         check_prompts(prompts, self.config.vocab_size, self.config.max_context, max_new)
@@ -181,6 +195,19 @@ class MegakernelEngine(Engine):
                                      want_logits=want_logits)
         return (*out, (kc, vc))
 
+    def _extend_step(self, prefix, tokens, lengths, slots, k, want_logits):
+        """Prefill only the rows' suffixes over a prefix they all share (lm-eval's fixed few-shot
+        exemplars), whose K/V is computed once (XLA, like every prefill here) and kept."""
+        if self._prefix is None or self._prefix[0] != prefix:
+            P = len(prefix)
+            ptoks = np.zeros((1, next_pow2(P, MIN_PREFILL_BUCKET)), np.int32)
+            ptoks[0, :P] = prefix
+            kc, vc = self._prefix_kv(self.w, jnp.asarray(ptoks))
+            self._prefix = (prefix, (kc[:, :, :, :P], vc[:, :, :, :P]))
+        *out, kc, vc = self._extend(self.w, *self._prefix[1], jnp.asarray(tokens), jnp.asarray(lengths), slots=slots,
+                                    k=k, want_logits=want_logits)
+        return (*out, (kc, vc))
+
     def _decode_step(self, ids, positions, state, k, want_logits):
         *out, kc, vc, _ = self._decode(self.w, jnp.asarray(ids), jnp.asarray(positions), *state, k=k,
                                        want_logits=want_logits, window=attention_window(positions, state[0].shape[3]))
@@ -189,15 +216,24 @@ class MegakernelEngine(Engine):
     def _shrink_step(self, state, keep):
         return self._gather(*state, jnp.asarray(keep))
 
+    def _insert_step(self, state, rows, where, src, batch, slots):
+        """Rows src of a fresh prefill's cache (prefilled with these slots) into batch rows where."""
+        if state is None:
+            shape = (self.config.n_layers, batch, self.config.n_kv_heads, slots, self.config.head_dim)
+            state = (jnp.zeros(shape, F32), jnp.zeros(shape, F32))
+        return self._put(*state, *rows, jnp.asarray(where), jnp.asarray(src))
+
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  stop_ids: Sequence[int] = (), top_k: int = 5, want_logits: bool = False,
-                 stop_check=None, stop_strings: Sequence[str] = ()) -> list[Generation]:
+                 stop_check=None, stop_strings: Sequence[str] = (),
+                 on_result=None) -> list[Generation]:
         self._check(prompts, max_new_tokens)
         decode, shrink = self._decode_step, self._shrink_step
         if self.fault == "stale_feedback":
             decode, shrink = _stale_feedback(decode, shrink)
         return greedy_all(self._prefill_step, decode, prompts, max_new_tokens, stop_ids, top_k,
-                          want_logits, MAX_BATCH, stop_check=stop_check, shrink=shrink)
+                          want_logits, MAX_BATCH, extend=self._extend_step if self.share_prefix else None,
+                          stop_check=stop_check, shrink=shrink, insert=self._insert_step, on_result=on_result)
 
     def decode_forced(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:

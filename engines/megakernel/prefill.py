@@ -16,18 +16,26 @@ F32 = jnp.float32
 
 
 def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: jax.Array, slots: int,
-                   want_taps: bool = False):
+                   want_taps: bool = False, prefix: tuple[jax.Array, jax.Array] | None = None):
     """tokens [B, T] (right-padded; padding never reaches a real position). Returns the residual
     stream after the last layer [B, T, D] float32, k_cache, v_cache [L, B, K, slots, hd] and taps
-    [L, B, T, D] (or None)."""
+    [L, B, T, D] (or None).
+
+    prefix: (k, v) [L, 1, K, P, hd], a prompt prefix every row shares, already prefilled: tokens are then
+    the rows' own suffixes at positions P.., attending to the prefix's keys and their own (causally),
+    and the cache holds prefix then suffix."""
     B, T = tokens.shape
     D, H, K, hd, L = c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.n_layers
     G, Ld = H // K, c.n_dense_layers
+    P = 0 if prefix is None else prefix[0].shape[3]
     x = embed[tokens].astype(F32).reshape(B * T, D)
-    pos = jnp.tile(jnp.arange(T, dtype=jnp.int32), B)[:, None]  # [B*T, 1]
+    pos = P + jnp.tile(jnp.arange(T, dtype=jnp.int32), B)[:, None]  # [B*T, 1]
     kc = jnp.zeros((L, B, K, slots, hd), F32)
     vc = jnp.zeros((L, B, K, slots, hd), F32)
-    causal = jnp.arange(T)[:, None] >= jnp.arange(T)[None, :]  # [Tq, Tk]
+    if prefix is not None:
+        kc = kc.at[:, :, :, :P].set(jnp.broadcast_to(prefix[0], (L, B, K, P, hd)))
+        vc = vc.at[:, :, :, :P].set(jnp.broadcast_to(prefix[1], (L, B, K, P, hd)))
+    causal = P + jnp.arange(T)[:, None] >= jnp.arange(P + T)[None, :]  # [Tq, P + Tk]: every prefix key, own causally
     taps = []
     for l in range(L):
         h = ops.rmsnorm(x, hbm["attn_norm"][l], c.rms_eps)
@@ -38,8 +46,11 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
         q = ops.rope(q, pos, rope["perm_q"], rope["freq_q"]).reshape(B, T, H, hd)
         k = ops.rope(k, pos, rope["perm_k"], rope["freq_k"]).reshape(B, T, K, hd)
         v = v.reshape(B, T, K, hd)
-        kc = kc.at[l, :, :, :T].set(k.transpose(0, 2, 1, 3))
-        vc = vc.at[l, :, :, :T].set(v.transpose(0, 2, 1, 3))
+        kc = kc.at[l, :, :, P:P + T].set(k.transpose(0, 2, 1, 3))
+        vc = vc.at[l, :, :, P:P + T].set(v.transpose(0, 2, 1, 3))
+        if prefix is not None:  # keys and values of the prefix, then the rows' own: [B, P + T, K, hd]
+            k = jnp.concatenate([jnp.broadcast_to(prefix[0][l].transpose(0, 2, 1, 3), (B, P, K, hd)), k], axis=1)
+            v = jnp.concatenate([jnp.broadcast_to(prefix[1][l].transpose(0, 2, 1, 3), (B, P, K, hd)), v], axis=1)
         kr, vr = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)  # head h reads kv head h // G
         sc = jnp.einsum("bqhd,bkhd->bhqk", q, kr, preferred_element_type=F32) / (hd ** 0.5)
         sc = jnp.where(causal, sc, -jnp.inf)

@@ -57,6 +57,7 @@ class ReferenceEngine(Engine):
 
     capabilities = Capabilities(logits=True, taps=True, forced_path="decode")
     max_batch = MAX_BATCH
+    streams_results = True  # continuous batching (engines.loop.greedy_stream)
 
     @classmethod
     def create(cls, model, options: EngineOptions) -> ReferenceEngine:
@@ -84,6 +85,9 @@ class ReferenceEngine(Engine):
                                donate_argnums=(4, 5))
         self._seed = jax.jit(self._seed_impl, static_argnames=("batch", "slots"))
         self._gather = jax.jit(lambda kc, vc, keep: ([x[keep] for x in kc], [x[keep] for x in vc]))
+        self._put = jax.jit(lambda kc, vc, rk, rv, where, src: (
+            [x.at[where].set(r[src]) for x, r in zip(kc, rk)], [x.at[where].set(r[src]) for x, r in zip(vc, rv)]),
+            donate_argnums=(0, 1))
         self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its per-layer K/V)
         self.share_prefix = True  # False: every row prefilled in full (the benchmark's ablation)
 
@@ -155,7 +159,8 @@ class ReferenceEngine(Engine):
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  stop_ids: Sequence[int] = (), top_k: int = 5,
-                 want_logits: bool = False, stop_check=None, stop_strings: Sequence[str] = ()) -> list[Generation]:
+                 want_logits: bool = False, stop_check=None, stop_strings: Sequence[str] = (),
+                 on_result=None) -> list[Generation]:
         c = self.config
         check_prompts(prompts, c.vocab_size, c.max_context, max_new_tokens)
         if not 1 <= top_k <= c.vocab_size:
@@ -163,7 +168,7 @@ class ReferenceEngine(Engine):
         return greedy_all(self._prefill_step, self._decode_step, prompts, max_new_tokens, stop_ids, top_k,
                           want_logits, MAX_BATCH,
                           extend=self._extend_step if self.share_prefix else None, stop_check=stop_check,
-                          shrink=self._shrink_step)
+                          shrink=self._shrink_step, insert=self._insert_step, on_result=on_result)
 
     def decode_forced(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:
@@ -208,6 +213,18 @@ class ReferenceEngine(Engine):
         *out, kc, vc = self._extend(self.params, jnp.asarray(tokens), jnp.asarray(lengths),
                                     jnp.int32(len(prefix)), kc, vc, k=k, want_logits=want_logits)
         return (*out, (kc, vc))
+
+    def _insert_step(self, state, rows, where, src, batch, slots):
+        """Rows src of a fresh prefill's cache into batch rows where (continuous batching); the smaller
+        cache grows to the larger's slots first."""
+        if state is None:
+            state = self.new_cache(batch, rows[0][0].shape[2])
+        S, Sr = state[0][0].shape[2], rows[0][0].shape[2]
+        if Sr > S:
+            state = self._grow(*state, slots=Sr)
+        elif Sr < S:
+            rows = self._grow(*rows, slots=S)
+        return self._put(*state, *rows, jnp.asarray(where), jnp.asarray(src))
 
     def _shrink_step(self, state, keep):
         """The cache rows of the batch slots in keep (finished rows dropped)."""

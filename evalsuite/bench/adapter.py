@@ -223,25 +223,33 @@ class EngineLM(TemplateLM):
         for (until, max_toks), idx in groups.items():
             # longest first: similar lengths share a batch, and the ETA is pessimistic, not optimistic
             idx = sorted(idx, key=lambda i: -len(args[i][0]))
-            for s in range(0, len(idx), self.gen_batch):
-                chunk = idx[s:s + self.gen_batch]
+            # an engine that streams its results (continuous batching) gets the whole group in one call and
+            # each answer is journaled as it finishes; others get gen_batch prompts per call
+            streams = bool(self.engine.streams_results)
+            step = len(idx) if streams else self.gen_batch
+            for s in range(0, len(idx), step):
+                chunk = idx[s:s + step]
                 prompts = [self.tok_encode(args[i][0])[-(self.max_length - max_toks):] for i in chunk]
-                gens = self.engine.generate(prompts, max_toks, stop_ids=self.model.tokenizer.eos_ids, top_k=1,
-                                            stop_check=stop_check(self.model.tokenizer, until),
-                                            stop_strings=list(until))
-                recs = []
-                for i, g in zip(chunk, gens):
+
+                def done(j: int, g, chunk=chunk, until=until) -> None:
+                    i = chunk[j]
                     text = visible_text(self.model.tokenizer, g.token_ids)
                     out[i], hit = cut_at_stop(text, until)
                     finish = "stop" if hit or g.finish_reason == "stop" else "length"
-                    rec = {"key": keys[i], "kind": "gen", "result": out[i], "finish_reason": finish,
-                           "generated_tokens": len(g.token_ids), "raw": text}
-                    recs.append(rec)
+                    if self.journal:
+                        self.journal.add([{"key": keys[i], "kind": "gen", "result": out[i], "finish_reason": finish,
+                                           "generated_tokens": len(g.token_ids), "raw": text}])
                     tally.add(judge_generation(docs[i], out[i]))
-                if self.journal:
-                    self.journal.add(recs)
-                bar.set_postfix(tally.postfix(), refresh=False)
-                bar.update(len(chunk))
+                    bar.set_postfix(tally.postfix(), refresh=False)
+                    bar.update(1)
+
+                kw = {"on_result": done} if streams else {}
+                gens = self.engine.generate(prompts, max_toks, stop_ids=self.model.tokenizer.eos_ids, top_k=1,
+                                            stop_check=stop_check(self.model.tokenizer, until),
+                                            stop_strings=list(until), **kw)
+                if not kw:
+                    for j, g in enumerate(gens):
+                        done(j, g)
         for i, j in repeats.items():
             out[i] = out[j]
             tally.add(judge_generation(docs[i], out[i]))

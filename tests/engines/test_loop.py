@@ -26,11 +26,16 @@ def _shared_prompts(vocab: int, seed: int, n: int, prefix_len: int) -> list[list
     return [prefix + rng.integers(3, vocab, int(rng.integers(1, 40))).tolist() for _ in range(n)]
 
 
-def test_shared_prefix_matches_separate_prefill(mini_llama):
-    from engines.reference import ReferenceEngine
+@pytest.mark.parametrize("engine,model", [("reference", "mini_llama"), ("megakernel", "mini_llama"),
+                                          ("megakernel", "mini_moe")])
+def test_shared_prefix_matches_separate_prefill(engine, model, request):
+    """Both engines prefill a prefix every prompt shares once (lm-eval's fixed exemplars); each row's
+    tokens and top logprobs are those of the prompt prefilled alone."""
+    from evalsuite.engines import make_engine
 
-    eng = ReferenceEngine(mini_llama.weights)
-    prompts = _shared_prompts(mini_llama.config.vocab_size, seed=5, n=6, prefix_len=MIN_SHARED_PREFIX + 20)
+    m = request.getfixturevalue(model)
+    eng = make_engine(engine, m, "float32", None)
+    prompts = _shared_prompts(m.config.vocab_size, seed=5, n=6, prefix_len=MIN_SHARED_PREFIX + 20)
     calls = []
     real_extend = eng._extend_step
     eng._extend_step = lambda *a, **k: calls.append(1) or real_extend(*a, **k)
@@ -153,3 +158,38 @@ def test_shared_context_is_prefilled_once(mini_llama, engine):
     alone = forced_all(real, eng._decode_step, prompts, conts, 32)  # no shrink: every row prefilled
     for a, b in zip(shared, alone):
         assert a.shape == b.shape and float(np.max(np.abs(a - b))) < 1e-4  # measured: 0.0 both engines
+
+
+@pytest.mark.parametrize("engine", ["reference", "megakernel"])
+@pytest.mark.parametrize("prefix_len", [0, MIN_SHARED_PREFIX + 8])
+def test_continuous_batching_matches_each_prompt_alone(mini_llama, engine, prefix_len):
+    """More prompts than rows, answers of many lengths: finished rows are refilled with waiting prompts
+    (their K/V written into the freed rows); every prompt's tokens and top logprobs are those it gets
+    alone, and on_result reports each prompt once, as it finishes."""
+    from engines.loop import greedy_all
+    from evalsuite.engines import make_engine
+
+    eng = make_engine(engine, mini_llama, "float32", None)
+    rng = np.random.default_rng(21)
+    V = mini_llama.config.vocab_size
+    head = rng.integers(3, V, prefix_len).tolist()
+    prompts = [head + rng.integers(3, V, int(rng.integers(1, 30))).tolist() for _ in range(11)]
+    stop_check = lambda ids: len(ids) >= 2 + ids[0] % 11  # noqa: E731  (answer lengths 2..12, row by row)
+    inserts, reported = [], []
+    insert = lambda state, *a: inserts.append(state is not None) or eng._insert_step(state, *a)  # noqa: E731
+    extend = eng._extend_step if prefix_len else None
+    gens = greedy_all(eng._prefill_step, eng._decode_step, prompts, 12, (), 3, False, 4, extend=extend,
+                      stop_check=stop_check, shrink=eng._shrink_step, insert=insert,
+                      on_result=lambda i, g: reported.append((i, g)))
+    assert sum(inserts) >= 2, "no row was refilled"
+    assert sorted(i for i, _ in reported) == list(range(len(prompts)))
+    assert all(gens[i] is g for i, g in reported)
+    lengths = {len(g.token_ids) for g in gens}
+    assert len(lengths) >= 3, lengths
+    for p, g in zip(prompts, gens):
+        alone = greedy_all(eng._prefill_step, eng._decode_step, [p], 12, (), 3, False, 4, stop_check=stop_check)[0]
+        assert g.prompt_ids == p
+        assert g.token_ids == alone.token_ids
+        np.testing.assert_array_equal(g.top_ids, alone.top_ids)
+        assert np.abs(g.top_logprobs - alone.top_logprobs).max() <= PREFIX_TOL
+        assert g.finish_reason == alone.finish_reason
