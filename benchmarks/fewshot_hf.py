@@ -1,7 +1,10 @@
 """The peer side of benchmarks/fewshot.py, run in .venv-hf (torch + transformers): lm-eval's own
 `hf` backend loading the SmolLM2 GGUF in float32 on the CPU. Prints one JSON object.
 
-    .venv-hf/bin/python benchmarks/fewshot_hf.py GGUF_PATH --items 50 [--batch 1]
+    .venv-hf/bin/python benchmarks/fewshot_hf.py GGUF_PATH --tasks-dir DIR --items 50 [--batch 1]
+
+DIR: the task folder fewshot.py prepared (evalsuite_gsm8k pointed at the chosen data); fewshot.py
+passes the seeds `evalsuite run` uses (--seed: few-shot, numpy, torch; --random-seed: python's).
 """
 
 from __future__ import annotations
@@ -23,8 +26,11 @@ def main() -> None:
     ap.add_argument("gguf")
     ap.add_argument("--items", type=int, default=50)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--tasks-dir", required=True)
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--random-seed", type=int, required=True)
     a = ap.parse_args()
-    os.chdir(ROOT)  # the task YAML names its data files relative to the project root
+    os.chdir(ROOT)
     import lm_eval
     import torch
     import transformers
@@ -38,9 +44,9 @@ def main() -> None:
     load_s = time.perf_counter() - t
     t = time.perf_counter()
     res = lm_eval.simple_evaluate(model=lm, tasks=["evalsuite_gsm8k"], limit=a.items, log_samples=True,
-                                  task_manager=TaskManager(include_path=str(ROOT / "tasks" / "gsm8k"),
-                                                           include_defaults=False),
-                                  random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
+                                  task_manager=TaskManager(include_path=a.tasks_dir, include_defaults=False),
+                                  random_seed=a.random_seed, numpy_random_seed=a.seed, torch_random_seed=a.seed,
+                                  fewshot_random_seed=a.seed)
     eval_s = time.perf_counter() - t
     json.dump({"load_s": load_s, "eval_s": eval_s, "batch": a.batch, "torch_threads": torch.get_num_threads(),
                "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
