@@ -61,14 +61,19 @@ def ours(tasks_dir: str, items: int, batch: int, passes: int) -> dict:
     return {"passes": out}
 
 
+def _failed(p: subprocess.CompletedProcess, side: str) -> None:
+    """Exit in one line (the subprocess's last stderr line) when a side's process failed."""
+    if p.returncode:
+        last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"
+        sys.exit(f"fewshot.py: {side} failed: {last}")
+
+
 def ours_process(tasks_dir: Path, items: int, batch: int, passes: int, cache: Path) -> dict:
     env = dict(os.environ, EVALSUITE_COMPILE_CACHE=str(cache))
     p = subprocess.run([sys.executable, __file__, "--side", "ours", "--tasks-dir", str(tasks_dir), "--items",
                         str(items), "--batch", str(batch), "--passes", str(passes)],
                        capture_output=True, text=True, env=env)
-    if p.returncode:
-        last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"
-        sys.exit(f"fewshot.py: evalsuite's side failed: {last}")
+    _failed(p, "evalsuite's side")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
@@ -122,9 +127,7 @@ def main() -> None:
                         str(a.items), "--batch", str(a.hf_batch), "--tasks-dir", str(tasks_dir),
                         "--seed", str(LM_EVAL_SEED), "--random-seed", str(LM_EVAL_RANDOM_SEED)],
                        capture_output=True, text=True)
-    if p.returncode:
-        last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"
-        sys.exit(f"fewshot.py: the hf side failed: {last}")
+    _failed(p, "the hf side")
     hf = json.loads(p.stdout)
     per_min = lambda s: a.items / s * 60  # noqa: E731
     times = {"cold_empty_cache_s": cold["s"], "cold_cache_filled_s": filled[0]["s"], "warm_s": filled[1]["s"]}
