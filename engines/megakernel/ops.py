@@ -51,9 +51,11 @@ def rope(x: jax.Array, pos: jax.Array, perm: jax.Array, freq: jax.Array) -> jax.
     return x * jnp.cos(ang) + jnp.dot(x, perm, preferred_element_type=F32) * jnp.sin(ang)
 
 
-def swiglu(h: jax.Array, g: jax.Array, u: jax.Array, d: jax.Array) -> jax.Array:
+def swiglu(h: jax.Array, g: jax.Array, u: jax.Array, d: jax.Array, gelu: bool = False) -> jax.Array:
+    """gelu: tanh-GELU in place of SiLU (the gelu_mlp fault)."""
     a = mm(h, g)
-    return mm(a * jax.nn.sigmoid(a) * mm(h, u), d)
+    act = jax.nn.gelu(a, approximate=True) if gelu else a * jax.nn.sigmoid(a)
+    return mm(act * mm(h, u), d)
 
 
 def pick_experts(logits: jax.Array, bias: jax.Array, *, router: str, top_k: int, norm_topk: bool,

@@ -1,0 +1,76 @@
+"""The megakernel's fault catalogue: self-test aids, each one expression in the engine, each standing
+for a bug that fused decode kernels really get wrong. `--fault NAME` on every command builds the
+engine with it; benchmarks/detection.py measures which rule catches which (README, "Fault catalogue").
+
+All but stale_feedback live inside the decode kernel (or the decode step's own tables), so a fault
+shows from the first decode step on: the prefill is XLA, as on a TPU, and is never faulted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    what: str  # what the faulted engine does
+    stands_for: str  # the real bug
+    needs: str = ""  # "" (any model, any prompt), "moe", "batch" (rows at different positions), "tiles" (>128 ctx)
+
+
+CATALOGUE = tuple(Fault(*f) for f in (
+    ("rope_off_by_one", "RoPE rotates every decode-step query and key by position + 1",
+     "a position counter advanced before instead of after the step (seen in hand-written decode loops)"),
+    ("kv_stale", "the new token's own K/V is left out of its attention",
+     "the cache append ordered after the attention read: the step attends to the cache as it was"),
+    ("drop_layer", "one layer's MLP output is not added to the residual stream (layer n_layers // 2)",
+     "a layer loop whose bounds or buffer-slot parity skips one layer's work"),
+    ("bf16_residual", "the residual stream is rounded to bfloat16 after every layer",
+     "a residual kept in the weights' dtype instead of float32 (a recipe bug: small error everywhere)"),
+    ("router_second_choice", "the MoE router takes ranks 2..k+1 instead of 1..k",
+     "an off-by-one in a hand-written top-k selection", "moe"),
+    ("attn_scale", "attention scores scaled by 1/sqrt(head_dim + 1)",
+     "the softmax scale computed from the wrong config field or an off-by-one head size"),
+    ("rope_theta", "the decode step's RoPE base is 1% too large",
+     "a RoPE base rounded or read from the wrong field (invisible at short positions: MaxText checks long "
+     "prompts for this reason)"),
+    ("norm_eps", "the layers' RMSNorms use epsilon 1e-6 where the model says otherwise (SmolLM2: 1e-5)",
+     "an epsilon hard-coded in the kernel instead of read from the config"),
+    ("final_norm_eps", "the decode step's final RMSNorm uses epsilon 1e-2",
+     "the final norm's epsilon read from the wrong config field (here a value 1,000x the model's)"),
+    ("mask_own_slot", "a row also attends to its own not-yet-written cache slot (mask <= instead of <)",
+     "causal mask off by one: the slot holds zeros, or a previous request's K/V under continuous batching"),
+    ("mask_drop_first", "the cache's slot 0 is masked out",
+     "causal mask off by one at the other end: drops the first token (often the attention sink)"),
+    ("kv_wrong_slot", "odd batch rows write their new K/V one slot too early (over the previous token's)",
+     "a per-row write-back offset computed from the wrong row's length (only batch > 1 shows it)", "batch"),
+    ("gqa_transposed", "query head h reads KV head h % n_kv_heads instead of h // group",
+     "the GQA head-to-KV-group mapping transposed (a reshape in the wrong order)"),
+    ("gelu_mlp", "the dense MLP's SiLU is replaced by tanh-GELU",
+     "an activation copied from another family's kernel (GeGLU for SwiGLU)"),
+    ("skip_last_tile", "the last attention tile of the cache window is skipped (when there are two or more)",
+     "a tile loop bound of n_tiles - 1, or a remainder tile dropped: only contexts past 128 tokens show it",
+     "tiles"),
+    ("moe_unnormalized", "the top-k routing weights are not renormalised to sum to 1",
+     "a config flag (norm_topk_prob) ignored by the fused MoE", "moe"),
+    ("expert_off_by_one", "routed expert e computes with expert e + 1's weights",
+     "an off-by-one in the expert weight slice (a stacked-expert offset)", "moe"),
+    ("rows_pos_swapped", "batch rows 0 and 1 rotate RoPE with each other's positions",
+     "per-row position metadata gathered with the wrong index (only batch > 1 at unequal positions shows it)",
+     "batch"),
+    ("batch_variant", "the output projection is summed in two halves when more than one row is live",
+     "a split-K heuristic chosen by batch size: results depend on the batch (what batch-invariant modes "
+     "forbid); differs from batch 1 only in the last bits", "batch"),
+    ("stale_feedback", "from the second decode step on, each row is fed the token sampled one step earlier",
+     "a host generation loop that reads the previous step's output buffer (generate() only: teacher-forced "
+     "paths feed given tokens)"),
+))
+
+BY_NAME = {f.name: f for f in CATALOGUE}
+LOOP_FAULTS = ("stale_feedback",)  # outside the kernel: the host generation loop
+KERNEL_FAULTS = tuple(f.name for f in CATALOGUE if f.name not in LOOP_FAULTS)
+FAULTS = KERNEL_FAULTS  # the names KernelSpec.fault takes
+NORM_EPS_FAULT = 1e-6  # norm_eps: the epsilon a kernel hard-codes (Llama 2's)
+FINAL_NORM_EPS_FAULT = 1e-2  # final_norm_eps
+ROPE_THETA_FAULT = 1.01  # rope_theta: the factor on the base
