@@ -1,7 +1,10 @@
 """Prompt sets: the built-in ones (written for this project) and user JSONL files.
 
 A line is {"id": str, "kind": "raw" | "chat", "text": str} or {"id": str, "token_ids": [int, ...]}.
-"chat" applies the model's chat template; "raw" encodes the text as is.
+"chat" applies the model's chat template; "raw" encodes the text as is. A raw line may add
+"tokens": N: the text's ids are repeated and cut to exactly N, whatever the model's tokenizer (how the
+built-in sets put a context end at, just before and just after the megakernel's 128-slot attention
+tile boundary, and fill a cache window to its last slot).
 """
 
 from __future__ import annotations
@@ -23,13 +26,22 @@ class Prompt:
     kind: str  # raw, chat or ids
     text: str | None = None
     token_ids: tuple[int, ...] | None = None
+    tokens: int | None = None  # raw text cut (or repeated) to exactly this many ids
 
     def encode(self, tokenizer) -> list[int]:
         if self.kind == "ids":
             return list(self.token_ids)
         if tokenizer is None:
             raise SpecError(f"prompt {self.id!r} is text but the model has no tokenizer")
-        return tokenizer.encode_chat(self.text) if self.kind == "chat" else tokenizer.encode(self.text)
+        if self.kind == "chat":
+            return tokenizer.encode_chat(self.text)
+        ids = tokenizer.encode(self.text)
+        if self.tokens is None:
+            return ids
+        body = tokenizer.encode(" " + self.text)[len(tokenizer.encode("")):]  # repeats: no second BOS
+        while len(ids) < self.tokens:
+            ids = ids + body
+        return ids[:self.tokens]
 
 
 @dataclass(frozen=True)
@@ -39,7 +51,8 @@ class PromptSet:
 
     @property
     def sha256(self) -> str:
-        canon = [dict(id=p.id, kind=p.kind, text=p.text, token_ids=p.token_ids) for p in self.prompts]
+        canon = [dict(id=p.id, kind=p.kind, text=p.text, token_ids=p.token_ids)
+                 | ({"tokens": p.tokens} if p.tokens else {}) for p in self.prompts]
         return hashlib.sha256(json.dumps(canon, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
@@ -67,7 +80,11 @@ def _parse(lines: list[str], where: str) -> tuple[Prompt, ...]:
             kind = o.get("kind", "raw")
             if kind not in ("raw", "chat") or not isinstance(o.get("text"), str) or not o["text"]:
                 raise SpecError(f"{where}:{n}: need 'text' (non-empty) and 'kind' raw or chat, or 'token_ids'")
-            out.append(Prompt(o["id"], kind, text=o["text"]))
+            n_tok = o.get("tokens")
+            if n_tok is not None and (kind != "raw" or not isinstance(n_tok, int) or isinstance(n_tok, bool)
+                                      or n_tok < 1):
+                raise SpecError(f"{where}:{n}: 'tokens' must be a positive int, on a raw prompt")
+            out.append(Prompt(o["id"], kind, text=o["text"], tokens=n_tok))
     if not out:
         raise SpecError(f"{where}: no prompts")
     return tuple(out)

@@ -92,7 +92,7 @@ def test_cli_exit_codes_and_json(tmp_path):
     out = json.loads(ok.stdout)
     for key in ("verdict", "prompts", "real_mismatches", "benign_divergences", "noise_tolerance", "per_prompt"):
         assert key in out
-    assert out["verdict"] == "PASS" and out["prompts"] == 8
+    assert out["verdict"] == "PASS" and out["prompts"] == 11
     for f in ("report.md", "results.json", "dlogit.png"):
         assert (tmp_path / "rep" / f).stat().st_size > 0
     bad = run("--fault", "drop_layer")
