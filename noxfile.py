@@ -91,6 +91,24 @@ def bench_fewshot(session: nox.Session) -> None:
 
 
 @nox.session
+def detection(session: nox.Session) -> None:
+    """The detection table: every fault x rule (evalsuite, vLLM's, MaxText's, SGLang's), float32 and bfloat16,
+    on smollm2-135m (mini-moe for MoE faults); writes benchmarks/results/detection-<dtype>.json."""
+    _install(session)
+    for dtype in ("float32", "bfloat16"):
+        session.run("python", "benchmarks/detection.py", "--dtype", dtype, "--out",
+                    f"benchmarks/results/detection-{dtype}.json", *session.posargs)
+
+
+@nox.session
+def false_alarms(session: nox.Session) -> None:
+    """diff on the faithful megakernel over 1,000 seeded prompts, float32 and bfloat16, in-process and served."""
+    _install(session)
+    for dtype in ("float32", "bfloat16"):
+        session.run("python", "benchmarks/false_alarms.py", "--dtype", dtype, "--served", *session.posargs)
+
+
+@nox.session
 def golden(session: nox.Session) -> None:
     """Check the golden files (pass `-- --golden-update` to rewrite them from the reference)."""
     _install(session)

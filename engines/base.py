@@ -206,11 +206,20 @@ class EngineOptions:
     extra: dict = field(default_factory=dict)
 
 
+def flag_option(extra: dict, key: str) -> bool:
+    """A boolean --engine-option (KEY=1/true/yes/on or 0/false/no/off; absent: False)."""
+    v = str(extra.get(key, "0")).strip().lower()
+    if v not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise ModelError(f"--engine-option {key}={extra[key]!r}: expected 1/true/yes/on or 0/false/no/off")
+    return v in ("1", "true", "yes", "on")
+
+
 class Engine(abc.ABC):
     """Subclass this to plug an engine in (see examples/numpy-engine). Set name, config, dtype,
     weights_sha256 and capabilities in __init__; implement create, fingerprint, generate, forced_topk."""
 
     faults: ClassVar[tuple[str, ...]] = ()  # fault names create() accepts (CLI --fault choices)
+    options: ClassVar[tuple[str, ...]] = ()  # --engine-option keys create() reads from EngineOptions.extra
     takes_remote: ClassVar[bool] = False  # create() needs options.remote (a server URL)
     name: str
     config: Config

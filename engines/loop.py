@@ -152,16 +152,20 @@ def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence
 def greedy_stream(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,
                   stop: set[int], k: int, want_logits: bool, max_rows: int, insert: Callable,
                   extend: Callable | None = None, prefix_len: int = 0, stop_check: Callable | None = None,
-                  shrink: Callable | None = None, on_result: Callable | None = None) -> list[Generation]:
+                  shrink: Callable | None = None, on_result: Callable | None = None,
+                  invariant: bool = False) -> list[Generation]:
     """Greedy decode of every prompt with continuous batching: up to max_rows rows decode together and a
     finished row's place goes to the next waiting prompt, so one long answer holds up one row, not a
     batch. Waiting prompts are prefilled (their shared prefix_len tokens through extend, as in
     greedy_batch) and insert(state, rows_state, where, src, batch, slots) writes row src[j] of their
     cache into batch row where[j] (state None: an empty cache of batch rows first). Once nothing waits,
-    the batch shrinks as in greedy_batch. on_result(i, Generation) is called as prompt i finishes."""
+    the batch shrinks as in greedy_batch. on_result(i, Generation) is called as prompt i finishes.
+    invariant (a batch-invariant engine mode): every call has the same shape whatever the batch: always
+    max_rows rows (no shrink), every prompt prefilled alone, no shared prefix."""
     n, P = len(prompts), prefix_len
     S = stream_slots(prompts, max_new, P)
-    B = min(next_pow2(min(n, max_rows)), max_rows)
+    S = max(S, MIN_WINDOW) if invariant else S  # invariant: every window a multiple of one attention tile
+    B = max_rows if invariant else min(next_pow2(min(n, max_rows)), max_rows)
     pending = deque(range(n))
     state = None
     nxt = np.zeros(B, np.int32)
@@ -193,7 +197,7 @@ def greedy_stream(prefill: Callable, decode: Callable, prompts: Sequence[Sequenc
         nonlocal state
         free = [s for s in range(B) if slot_row[s] is None]
         take = [pending.popleft() for _ in range(min(len(free), len(pending)))]
-        for idx in batches([len(prompts[i]) - P for i in take], len(take)):
+        for idx in batches([len(prompts[i]) - P for i in take], 1 if invariant else len(take)):
             rows = [take[j] for j in idx]
             if P:
                 tokens, lengths, _ = pad([prompts[i][P:] for i in rows], max_new)
@@ -221,7 +225,7 @@ def greedy_stream(prefill: Callable, decode: Callable, prompts: Sequence[Sequenc
             if not pending:
                 break
             continue
-        if not pending and shrink is not None and len(live) <= B // 2:
+        if not pending and shrink is not None and not invariant and len(live) <= B // 2:
             B = next_pow2(len(live))
             keep = np.array(live + [live[0]] * (B - len(live)), np.int32)  # padding repeats a live row
             state = shrink(state, keep)
@@ -272,17 +276,20 @@ def greedy_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[i
                stop_ids: Sequence[int], k: int, want_logits: bool, max_rows: int,
                extend: Callable | None = None, stop_check: Callable | None = None,
                shrink: Callable | None = None, insert: Callable | None = None,
-               on_result: Callable | None = None) -> list[Generation]:
+               on_result: Callable | None = None, invariant: bool = False) -> list[Generation]:
     """Every prompt, greedily: with insert (the engine's cache-row write), by greedy_stream's continuous
     batching; without, by greedy_batch in calls bounded by max_rows and the prefill token budget
     (on_result then called per call). When the engine offers extend and the prompts share a prefix of
-    MIN_SHARED_PREFIX tokens or more, the prefix is not recomputed per row."""
-    P = common_prefix(prompts) if extend is not None and len(prompts) > 1 else 0
+    MIN_SHARED_PREFIX tokens or more, the prefix is not recomputed per row. invariant: see greedy_stream
+    (it needs insert)."""
+    if invariant and insert is None:
+        raise ValueError("a batch-invariant greedy_all needs the engine's insert hook")
+    P = common_prefix(prompts) if extend is not None and len(prompts) > 1 and not invariant else 0
     P = P if P >= MIN_SHARED_PREFIX else 0
     stop = {int(s) for s in stop_ids}
     if insert is not None:
         return greedy_stream(prefill, decode, prompts, max_new, stop, k, want_logits, max_rows, insert, extend, P,
-                             stop_check, shrink, on_result)
+                             stop_check, shrink, on_result, invariant)
     out: list[Generation] = []
     for idx in batches([len(p) - P for p in prompts], max_rows):
         gens = greedy_batch(prefill, decode, [prompts[i] for i in idx], max_new, stop, k, want_logits, extend, P,

@@ -18,6 +18,8 @@ FAULT_HELP = ("Fault injection, a self-test aid: one of the engine's own faults 
               "the megakernel's include drop_layer, stale_feedback).")
 DATA_HELP = ("Benchmark items: bundled (the samples shipped, offline; default), hub (the real sets through "
              "`datasets`, cached; GPQA needs HF_TOKEN), or a folder of files in the hub schema (e.g. ../shared/data).")
+REQUIRE_HELP = ("Make a claim a verdict condition (repeatable): batch-invariance (tokens and top-k logprobs of the "
+                "first 8 prompts bitwise the same alone and in batches of 2-8, seeded order).")
 ENGINE_HELP = "An installed engine (`evalsuite engines` lists them: reference, megakernel, openai and plugins)."
 
 
@@ -32,6 +34,22 @@ def remote_options(f):
                      help="--engine openai: the server's model id (default: the only one it lists).")(f)
     f = click.option("--base-url", default=None, help="--engine openai: e.g. http://127.0.0.1:8000/v1")(f)
     return f
+
+
+def engine_option(f):
+    return click.option("--engine-option", "engine_options", multiple=True, metavar="KEY=VALUE",
+                        help="An engine's own setting (repeatable; `evalsuite engines` lists each engine's keys), "
+                             "e.g. megakernel batch_invariant=1.")(f)
+
+
+def _engine_options(pairs) -> tuple[tuple[str, str], ...]:
+    out = []
+    for p in pairs:
+        key, eq, value = p.partition("=")
+        if not eq or not key.strip():
+            raise SpecError(f"--engine-option {p!r}: expected KEY=VALUE")
+        out.append((key.strip(), value.strip()))
+    return tuple(out)
 
 
 def _data(data, data_dir):
@@ -138,12 +156,15 @@ def _progress(msg: str) -> None:
 @click.option("--batch", default=8, show_default=True, type=int, help="Rows per engine call (1-8).")
 @click.option("--fault", default=None, help=FAULT_HELP)
 @click.option("--noise-tol", default=None, type=float, help="Override the dtype's noise tolerance.")
+@click.option("--require", "require", multiple=True, help=REQUIRE_HELP)
+@click.option("--seed", default=0, show_default=True, type=int, help="Request order of --require batch-invariance.")
+@engine_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="Write report.md, results.json and dlogit.png here.")
 @remote_options
-def diff(engine, against, model, prompts, max_new_tokens, dtype, batch, fault, noise_tol, as_json,
-         report_dir, base_url, served_model, api_key_env, api_timeout) -> None:
+def diff(engine, against, model, prompts, max_new_tokens, dtype, batch, fault, noise_tol, require, seed,
+         engine_options, as_json, report_dir, base_url, served_model, api_key_env, api_timeout) -> None:
     """Greedy decoding through ENGINE vs the reference, token by token. Exit 0 PASS, 1 FAIL."""
     from pathlib import Path
 
@@ -152,6 +173,7 @@ def diff(engine, against, model, prompts, max_new_tokens, dtype, batch, fault, n
 
     spec = DiffSpec(engine=engine, against=against, model=model, prompts=prompts,
                     max_new_tokens=max_new_tokens, dtype=dtype, batch=batch, fault=fault, noise_tol=noise_tol,
+                    require=tuple(require), seed=seed, engine_options=_engine_options(engine_options),
                     remote=_remote(base_url, served_model, api_key_env, api_timeout))
     result = run_diff(spec, _progress).to_json()
     if report_dir:
@@ -274,10 +296,12 @@ def lm_eval_cmd(args) -> None:
 @click.option("--data-dir", default=None, help="The same as --data DIR.")
 @click.option("--limit", default=None, type=click.IntRange(1, None), help="First N items of each benchmark only.")
 @click.option("--prompts", default="builtin", show_default=True, help="diff's prompt set.")
+@click.option("--require", "require", multiple=True, help=REQUIRE_HELP)
+@engine_option
 @click.option("--json", "as_json", is_flag=True)
 @remote_options
-def verify(model, engine, dtype, fault, output, tasks, data, data_dir, limit, prompts, as_json, base_url, served_model,
-           api_key_env, api_timeout) -> None:
+def verify(model, engine, dtype, fault, output, tasks, data, data_dir, limit, prompts, require, engine_options,
+           as_json, base_url, served_model, api_key_env, api_timeout) -> None:
     """The whole gate: golden check, diff, gsm8k, gpqa. Exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE."""
     from pathlib import Path
 
@@ -288,7 +312,8 @@ def verify(model, engine, dtype, fault, output, tasks, data, data_dir, limit, pr
 
     r = run_verify(model, engine, dtype, fault, Path(output), _progress,
                    _remote(base_url, served_model, api_key_env, api_timeout), tasks=names,
-                   data_dir=_data(data, data_dir), limit=limit, prompts=prompts).to_json()
+                   data_dir=_data(data, data_dir), limit=limit, prompts=prompts, require=tuple(require),
+                   engine_options=_engine_options(engine_options)).to_json()
     click.echo(json.dumps(r) if as_json else verify_markdown(r))
     sys.exit(exit_code(r["verdict"]))
 

@@ -64,10 +64,16 @@ def engine_class(name: str) -> type[Engine]:
     return cls
 
 
-def make_engine(name: str, model: Model, dtype: str = "float32", fault: str | None = None, remote=None) -> Engine:
+def make_engine(name: str, model: Model, dtype: str = "float32", fault: str | None = None, remote=None,
+                extra: dict | None = None) -> Engine:
     """An engines.base.Engine. fault: a self-test aid, one of the engine class's `faults`. remote
-    (engines.openai.client.Remote): where a server engine's server is."""
+    (engines.openai.client.Remote): where a server engine's server is. extra: --engine-option KEY=VALUE
+    pairs, each one of the engine class's `options`."""
     cls = engine_class(name)
+    for key in extra or {}:
+        if key not in cls.options:
+            offered = f"one of {', '.join(cls.options)}" if cls.options else "none"
+            raise ModelError(f"--engine-option {key!r}: engine {name} takes {offered}")
     if fault is not None and fault not in cls.faults:
         offered = f"one of {', '.join(cls.faults)}" if cls.faults else "none (it has no fault injection)"
         raise ModelError(f"--fault {fault!r}: engine {name} accepts {offered}")
@@ -75,7 +81,7 @@ def make_engine(name: str, model: Model, dtype: str = "float32", fault: str | No
         raise ModelError(f"--base-url applies to a server engine (e.g. openai), not {name}")
     if cls.takes_remote and (remote is None or not remote.base_url):
         raise ModelError(f"--engine {name} needs --base-url URL (e.g. http://127.0.0.1:8000/v1)")
-    eng = cls.create(model, EngineOptions(dtype=dtype, fault=fault, remote=remote))
+    eng = cls.create(model, EngineOptions(dtype=dtype, fault=fault, remote=remote, extra=dict(extra or {})))
     if not isinstance(eng, Engine):
         raise ModelError(f"engine plugin {name!r}: create() returned {type(eng).__name__}, not an engines.base.Engine")
     return eng
@@ -88,7 +94,7 @@ def describe() -> list[dict]:
         row = {"name": name, "target": p.target, "distribution": p.distribution, "version": p.version}
         try:
             cls = engine_class(name)
-            row |= {"ok": True, "faults": list(cls.faults), "server": cls.takes_remote,
+            row |= {"ok": True, "faults": list(cls.faults), "options": list(cls.options), "server": cls.takes_remote,
                     "doc": " ".join((inspect.getdoc(cls) or "").split("\n\n")[0].split())}
         except ModelError as e:
             row |= {"ok": False, "error": str(e)}

@@ -83,7 +83,7 @@ def _failed(model: str, problems: list[str]) -> GoldenResult:
 
 
 def check(model_name: str, engine_name: str = "reference", dtype: str = "float32", fault: str | None = None,
-          directory: Path | None = None, remote=None) -> GoldenResult:
+          directory: Path | None = None, remote=None, extra: dict | None = None) -> GoldenResult:
     from evalsuite.engines import make_engine
 
     set_name, n = _settings(model_name)
@@ -118,7 +118,7 @@ def check(model_name: str, engine_name: str = "reference", dtype: str = "float32
         problems.append(f"unused golden entries {unused} in {path} (not in prompt set {set_name}); {regen}")
     if problems:
         return _failed(model_name, problems)
-    eng = make_engine(engine_name, model, dtype, fault, remote)
+    eng = make_engine(engine_name, model, dtype, fault, remote, extra)
     prompts = [entries[i]["prompt_token_ids"] for i in want_ids]
     for p, e, i in zip(pset.prompts, prompts, want_ids):
         if p.encode(model.tokenizer) != e:

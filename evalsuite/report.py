@@ -59,6 +59,7 @@ def diff_report(result: dict, out: Path) -> list[Path]:
         f"- batch invariance (B={r['batch_invariance']['batch']}): "
         f"{'yes' if r['batch_invariance']['invariant'] else 'NO'}; deterministic: "
         f"{'yes' if r['batch_invariance']['deterministic'] else 'NO'}",
+        *([f"- {_required_invariance(r['batch_invariance_required'])}"] if r.get("batch_invariance_required") else []),
     ]
     b = r.get("bisection")
     if b:
@@ -179,6 +180,8 @@ def diff_text(r: dict) -> str:
     ch = r.get("character")
     if ch and ch["kind"] != "none":
         lines.append(f"what kind of difference: {ch['kind']}: {ch['explanation']}")
+    if r.get("batch_invariance_required"):
+        lines.append(_required_invariance(r["batch_invariance_required"]))
     lines += [f"NOT CHECKED (no PASS without it): {n}" for n in r.get("not_checked", [])]
     lines += [f"not checked: {n}" for n in r.get("checks_not_possible", [])]
     b = r.get("bisection")
@@ -186,6 +189,18 @@ def diff_text(r: dict) -> str:
         lines.append(f"bisection: prompt {b['prompt']} position {b['position']}: first layer out of tolerance "
                      f"{b['layer']}")
     return "\n".join(lines)
+
+
+def _required_invariance(s: dict) -> str:
+    head = (f"batch invariance (required; batch sizes {s['batch_sizes'][0]}-{s['batch_sizes'][-1]}, "
+            f"{len(s['prompts'])} prompts, order seed {s['seed']}): ")
+    if s["ok"]:
+        return head + "every row bitwise equal to its batch-1 run"
+    d = s["differences"][0]
+    where = (f"token {d['alone']} alone, {d['batched']} batched" if d["what"] == "token"
+             else f"top-k logprobs differ by up to {d['max_abs']:.3g}")
+    return head + (f"BROKEN in {len(s['differences'])} rows; first: prompt {d['prompt']} at batch {d['batch']} "
+                   f"row {d['row']}, step {d['step']}: {where}")
 
 
 def diff_slim(r: dict) -> dict:

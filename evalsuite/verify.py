@@ -34,12 +34,15 @@ def parse_tasks(text: str) -> tuple[str, ...]:
 
 def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path,
                progress: Callable[[str], None], remote=None, tasks: tuple[str, ...] = TASKS,
-               data_dir: str | None = None, limit: int | None = None, prompts: str = "builtin") -> VerifyResult:
+               data_dir: str | None = None, limit: int | None = None, prompts: str = "builtin",
+               require: tuple[str, ...] = (), engine_options: tuple[tuple[str, str], ...] = ()) -> VerifyResult:
     from evalsuite import golden
     from evalsuite.bench.run import RunSpec, run_benchmark
     from evalsuite.compare.diff import DiffSpec, run_diff
 
     t0 = time.time()
+    spec = DiffSpec(engine=engine, model=model, dtype=dtype, fault=fault, remote=remote, prompts=prompts,
+                    require=require, engine_options=engine_options)  # a bad --require: one line, before any work
     out.mkdir(parents=True, exist_ok=True)
     if data_dir == "hub":  # every hub download first, before anything reads local files offline
         from evalsuite.bench.data import HUB, from_hub
@@ -51,22 +54,22 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
     parts: dict[str, dict] = {}
     if model in golden.DEFAULTS:
         progress(f"verify: golden check ({engine})")
-        g = golden.check(model, engine, dtype, fault, remote=remote)
+        g = golden.check(model, engine, dtype, fault, remote=remote, extra=dict(engine_options))
         parts["golden"] = {"verdict": g.verdict, "problems": list(g.problems), "summary": g.summary,
                            "warnings": list(g.not_checked)}
     else:
         parts["golden"] = {"verdict": "SKIPPED", "problems": [f"no golden settings for {model}"]}
     progress("verify: diff")
-    d = run_diff(DiffSpec(engine=engine, model=model, dtype=dtype, fault=fault, remote=remote, prompts=prompts),
-                 progress).to_json()
+    d = run_diff(spec, progress).to_json()
     diff_report(d, out / "diff")
     parts["diff"] = {k: d[k] for k in ("verdict", "real_mismatches", "benign_divergences", "prompts",
-                                       "prompts_identical", "noise_tolerance")}
+                                       "prompts_identical", "noise_tolerance", "batch_invariance_required")}
     parts["diff"]["warnings"] = [f"not checked: {n}" for n in d["checks_not_possible"]]
     for task in tasks:
         r = run_benchmark(RunSpec(task=task, engine=engine, model=model, dtype=dtype, fault=fault, limit=limit,
                                   data_dir=data_dir if task != "sanity" else None,
-                                  output=str(out / task), remote=remote), progress).to_json()
+                                  output=str(out / task), remote=remote, engine_options=engine_options),
+                             progress).to_json()
         parts[task] = {"verdict": r["verdict"], "items": r["items"], "bundled_sample": r["dataset"]["bundled_sample"],
                        "dataset": r["dataset"]["path"],
                        "accuracy": {k: v["accuracy"] for k, v in r["engines"].items()}, "paired": r["paired"],

@@ -18,14 +18,24 @@ from engines.base import (
     Generation,
     Scored,
     check_prompts,
+    flag_option,
     next_pow2,
     source_fingerprint,
     use_compile_cache,
 )
 from engines.errors import ModelError
-from engines.loop import MIN_PREFILL_BUCKET, attention_window, forced_all, forced_from_decode, greedy_all, pad
+from engines.loop import (
+    MIN_PREFILL_BUCKET,
+    MIN_WINDOW,
+    attention_window,
+    forced_all,
+    forced_from_decode,
+    greedy_all,
+    pad,
+)
 from engines.megakernel import ops
-from engines.megakernel.kernel import FAULTS, KernelSpec, attn_keys, decode_layers, dense_keys, moe_keys
+from engines.megakernel.faults import BY_NAME, FAULTS, FINAL_NORM_EPS_FAULT, LOOP_FAULTS, ROPE_THETA_FAULT
+from engines.megakernel.kernel import KernelSpec, attn_keys, decode_layers, dense_keys, moe_keys
 from engines.megakernel.prefill import prefill_hidden
 from engines.weights import Weights
 
@@ -33,11 +43,7 @@ F32 = jnp.float32
 MAX_BATCH = 8  # the kernel's rows per call (each row at its own position)
 ATTN_TILE = 128  # cache positions per online-softmax step (or all slots when fewer)
 INTERPRET_MODES = ("generic", "tpu")
-# Faults outside the kernel: stale_feedback is a host generation-loop bug (from the second decode
-# step on, each row is fed the token sampled one step too early, as a loop that reads the previous
-# step's output buffer does). Only generate() has it: teacher-forced paths feed given tokens.
-LOOP_FAULTS = ("stale_feedback",)
-ENGINE_FAULTS = FAULTS + LOOP_FAULTS
+ENGINE_FAULTS = FAULTS + LOOP_FAULTS  # the catalogue: engines/megakernel/faults.py
 KEEP_F32 = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "router", "router_bias")  # tiny, precision-critical
 
 
@@ -77,18 +83,25 @@ class MegakernelEngine(Engine):
     streams_results = True  # continuous batching (engines.loop.greedy_stream)
     faults = ENGINE_FAULTS
 
+    options = ("batch_invariant",)
+
     @classmethod
     def create(cls, model, options: EngineOptions) -> MegakernelEngine:
-        return cls(model.weights, options.dtype, fault=options.fault)
+        return cls(model.weights, options.dtype, fault=options.fault,
+                   batch_invariant=flag_option(options.extra, "batch_invariant"))
 
     def __init__(self, weights: Weights, dtype: str = "float32", fault: str | None = None,
-                 interpret: str = "generic", fault_layer: int | None = None, n_buffers: int = 2):
+                 interpret: str = "generic", fault_layer: int | None = None, n_buffers: int = 2,
+                 batch_invariant: bool = False):
+        """batch_invariant: every generate() call has one shape whatever the batch (8 rows always, each
+        prompt prefilled alone, a fixed attention tile, no shared prefix), so a prompt's tokens and logprobs
+        are bitwise the same alone or batched (what vLLM's VLLM_BATCH_INVARIANT=1 promises); slower."""
         if dtype not in DTYPES:
             raise ModelError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
         if fault is not None and fault not in ENGINE_FAULTS:
             raise ModelError(f"unknown fault {fault!r}; expected one of {', '.join(ENGINE_FAULTS)}")
-        if fault == "router_second_choice" and weights.config.family != "moe":
-            raise ModelError(f"fault router_second_choice needs a MoE model; {weights.config.name} is dense")
+        if fault is not None and BY_NAME[fault].needs == "moe" and weights.config.family != "moe":
+            raise ModelError(f"fault {fault} needs a MoE model; {weights.config.name} is dense")
         if interpret not in INTERPRET_MODES:
             raise ModelError(f"unknown interpret mode {interpret!r}; expected one of {INTERPRET_MODES}")
         c = self.config = weights.config
@@ -98,20 +111,21 @@ class MegakernelEngine(Engine):
         self.fault_layer = c.n_layers // 2 if fault_layer is None else fault_layer
         self.interpret = True if interpret == "generic" else tpu_interpret_params()
         self.n_buffers = n_buffers
+        self.batch_invariant = batch_invariant
         self.hbm = hbm_arrays(weights, dtype)
         self.embed = jnp.asarray(weights.arrays["embed"], jnp.dtype(dtype))
         head = weights.arrays["embed"] if c.tie_embeddings else weights.arrays["lm_head"]
         self.head_t = jnp.asarray(np.ascontiguousarray(head.T), jnp.dtype(dtype))  # [D, V]
         self.final_norm = jnp.asarray(weights.arrays["final_norm"][None, :], F32)
-        pq, fq = ops.rope_tables(c.rope_style, c.head_dim, c.n_heads, c.rope_theta)
-        pk, fk = ops.rope_tables(c.rope_style, c.head_dim, c.n_kv_heads, c.rope_theta)
-        self.rope = {"perm_q": jnp.asarray(pq), "freq_q": jnp.asarray(fq),
-                     "perm_k": jnp.asarray(pk), "freq_k": jnp.asarray(fk)}
+        self.rope = self._rope_tables(c.rope_theta)
+        # the decode step's own tables (the prefill is never faulted)
+        self.rope_decode = self._rope_tables(c.rope_theta * ROPE_THETA_FAULT) if fault == "rope_theta" else self.rope
+        self.final_eps = FINAL_NORM_EPS_FAULT if fault == "final_norm_eps" else c.rms_eps  # the decode step's
         # Weights go into the jitted functions as arguments, never as closure constants: a constant
         # is baked into every compiled shape (540 MB each for SmolLM2), which ran the machine out
         # of memory after a handful of shapes.
         self.w = {"hbm": self.hbm, "embed": self.embed, "head_t": self.head_t,
-                  "final_norm": self.final_norm, "rope": self.rope}
+                  "final_norm": self.final_norm, "rope": self.rope, "rope_decode": self.rope_decode}
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("slots", "k", "want_logits"))
         self._extend = jax.jit(self._extend_impl, static_argnames=("slots", "k", "want_logits"))
         self._prefix_kv = jax.jit(lambda w, tokens: prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"],
@@ -125,9 +139,16 @@ class MegakernelEngine(Engine):
         self._decode = jax.jit(self._decode_impl, static_argnames=("k", "want_logits", "want_taps", "window"),
                                donate_argnums=(3, 4))
 
+    def _rope_tables(self, theta: float) -> dict:
+        c = self.config
+        pq, fq = ops.rope_tables(c.rope_style, c.head_dim, c.n_heads, theta)
+        pk, fk = ops.rope_tables(c.rope_style, c.head_dim, c.n_kv_heads, theta)
+        return {"perm_q": jnp.asarray(pq), "freq_q": jnp.asarray(fq),
+                "perm_k": jnp.asarray(pk), "freq_k": jnp.asarray(fk)}
+
     # ---- jitted pieces -------------------------------------------------------------------------
-    def _logits(self, w, x):
-        return ops.mm(ops.rmsnorm(x, w["final_norm"], self.config.rms_eps), w["head_t"])
+    def _logits(self, w, x, eps=None):
+        return ops.mm(ops.rmsnorm(x, w["final_norm"], self.config.rms_eps if eps is None else eps), w["head_t"])
 
     @staticmethod
     def _pick(logits, k, want_logits):
@@ -154,14 +175,16 @@ class MegakernelEngine(Engine):
 
     def _spec(self, batch: int, slots: int, want_taps: bool, window: int | None = None) -> KernelSpec:
         window = window or slots
-        return KernelSpec(self.config, batch, slots, min(ATTN_TILE, window), window, self.fault, self.fault_layer,
+        # invariant: one tiling for every window (generate's windows are all multiples of MIN_WINDOW)
+        tile = min(MIN_WINDOW if self.batch_invariant else ATTN_TILE, window)
+        return KernelSpec(self.config, batch, slots, tile, window, self.fault, self.fault_layer,
                           self.n_buffers, want_taps, self.interpret)
 
     def _decode_impl(self, w, ids, pos, kc, vc, k, want_logits, want_taps=False, window=None):
         spec = self._spec(ids.shape[0], kc.shape[3], want_taps, window)
         x = w["embed"][ids].astype(F32)
-        x, kc, vc, taps = decode_layers(spec, w["hbm"], x, pos, kc, vc, w["rope"])
-        return (*self._pick(self._logits(w, x), k, want_logits), kc, vc, taps)
+        x, kc, vc, taps = decode_layers(spec, w["hbm"], x, pos, kc, vc, w["rope_decode"])
+        return (*self._pick(self._logits(w, x, self.final_eps), k, want_logits), kc, vc, taps)
 
     # ---- the protocol --------------------------------------------------------------------------
     @property
@@ -172,7 +195,8 @@ class MegakernelEngine(Engine):
         return source_fingerprint(Path(__file__).parent, {
             "engine": self.name, "dtype": self.dtype, "fault": self.fault, "fault_layer": self.fault_layer,
             "n_buffers": self.n_buffers, "interpret": str(self.interpret), "attn_tile": ATTN_TILE,
-            "max_batch": MAX_BATCH, "share_prefix": self.share_prefix, "weights": self.weights_sha256})
+            "max_batch": MAX_BATCH, "share_prefix": self.share_prefix,
+            "batch_invariant": self.batch_invariant, "weights": self.weights_sha256})
 
     def _check(self, prompts, max_new):
         check_prompts(prompts, self.config.vocab_size, self.config.max_context, max_new)
@@ -233,7 +257,8 @@ class MegakernelEngine(Engine):
             decode, shrink = _stale_feedback(decode, shrink)
         return greedy_all(self._prefill_step, decode, prompts, max_new_tokens, stop_ids, top_k,
                           want_logits, MAX_BATCH, extend=self._extend_step if self.share_prefix else None,
-                          stop_check=stop_check, shrink=shrink, insert=self._insert_step, on_result=on_result)
+                          stop_check=stop_check, shrink=shrink, insert=self._insert_step, on_result=on_result,
+                          invariant=self.batch_invariant)
 
     def decode_forced(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:

@@ -60,6 +60,7 @@ class RunSpec:
     margin: float = stats.DEFAULT_MARGIN
     seed: int = LM_EVAL_SEED
     remote: object | None = None  # engines.openai.client.Remote for --engine openai
+    engine_options: tuple[tuple[str, str], ...] = ()  # --engine-option KEY=VALUE
 
     def __post_init__(self):
         if self.task not in VARIANTS:
@@ -204,7 +205,7 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     from evalsuite.engines import make_engine
 
     variant = spec.variant or DEFAULT_VARIANT[spec.task]
-    built = make_engine(spec.engine, model, spec.dtype, spec.fault, spec.remote)
+    built = make_engine(spec.engine, model, spec.dtype, spec.fault, spec.remote, dict(spec.engine_options))
     caps = built.capabilities
     uses_forced = VARIANTS[spec.task][variant][3] == "acc"
     if uses_forced and not caps.forced:

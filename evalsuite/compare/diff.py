@@ -13,13 +13,19 @@
 4. At the first real mismatch, per-layer taps name the first layer whose hidden state leaves
    tolerance (bisection), where both engines provide taps.
 5. Batch invariance (batch 1 vs batch B) and run-to-run determinism are measured and reported.
-Verdict: FAIL on any real mismatch, bf16 drift or non-determinism; INCONCLUSIVE when a check a
-PASS needs could not run (bf16 drift on too few positions; over an API: prompt tokenization the
-server could not confirm, echo it cannot vouch for, no logprobs at all); else PASS.
+   `--require batch-invariance` makes it a claim (vLLM's VLLM_BATCH_INVARIANT=1 is such a claim): every
+   one of the first 8 prompts alone, then batches of 2 to 8 drawn in a seeded order (each prompt at
+   varying rows); a prompt whose tokens or top-k logprobs differ in any bit from its batch-1 run is a
+   FAIL naming it, the batch size and its row.
+Verdict: FAIL on any real mismatch, bf16 drift, non-determinism or a required invariance broken;
+INCONCLUSIVE when a check a PASS needs could not run (bf16 drift on too few positions; over an API:
+prompt tokenization the server could not confirm, echo it cannot vouch for, no logprobs at all); else
+PASS.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -41,6 +47,8 @@ from evalsuite.versions import versions
 # so bisection there is a hint, not a proof.
 TAP_TOL = {"float32": 1e-3, "bfloat16": 0.5}
 INVARIANCE_BATCH = 4
+REQUIRABLE = ("batch-invariance",)
+STRICT_INVARIANCE_PROMPTS = 8  # --require batch-invariance: batch sizes 1..8 over the first 8 prompts
 # what cannot be measured without full logits or taps (reported as not checked; blocks nothing)
 LACKS_LOGITS = ("full-vocabulary logits: |Δlogit| and KL (the engine gives top-k logprobs only; |Δlogprob| of the "
                 "reference's token is compared instead)")
@@ -59,6 +67,9 @@ class DiffSpec:
     fault: str | None = None
     noise_tol: float | None = None  # None: NOISE_TOL[dtype]
     remote: object | None = None  # engines.openai.client.Remote for --engine openai
+    require: tuple[str, ...] = ()  # claims that become verdict conditions: REQUIRABLE
+    engine_options: tuple[tuple[str, str], ...] = ()  # --engine-option KEY=VALUE
+    seed: int = 0  # --require batch-invariance: the batches' request order
 
     def __post_init__(self):
         if self.against != "reference":
@@ -69,6 +80,9 @@ class DiffSpec:
             raise SpecError(f"--batch must be in [1, 8], got {self.batch}")
         if self.noise_tol is not None and not self.noise_tol > 0:
             raise SpecError(f"--noise-tol must be > 0, got {self.noise_tol}")
+        unknown = [r for r in self.require if r not in REQUIRABLE]
+        if unknown:
+            raise SpecError(f"--require {unknown[0]!r}: expected one of {', '.join(REQUIRABLE)}")
 
 
 def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -> DiffResult:
@@ -89,7 +103,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
         raise SpecError(f"no prompt of {pset.name} fits {spec.model}'s context of {c.max_context}")
     ref = ReferenceEngine(model.weights, "float32")
     recipe = ReferenceEngine(model.weights, spec.dtype) if spec.dtype != "float32" else None
-    eng = make_engine(spec.engine, model, spec.dtype, spec.fault, spec.remote)
+    eng = make_engine(spec.engine, model, spec.dtype, spec.fault, spec.remote, dict(spec.engine_options))
     caps = eng.capabilities
     # what this engine cannot show is said ("not checked"); what blocks a PASS is listed apart
     not_checked = ([LACKS_LOGITS] if not caps.logits else []) + ([LACKS_TAPS] if not caps.taps else []) + list(
@@ -161,9 +175,17 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
         bisection["prompt"] = encoded[i][0].id
     progress("diff: batch invariance and determinism")
     invariance = _batch_invariance(eng, [ids for _, ids in encoded[:INVARIANCE_BATCH]], N)
+    strict = None
+    if "batch-invariance" in spec.require:
+        progress("diff: --require batch-invariance (batch sizes 1-8, seeded order)")
+        strict = strict_batch_invariance(eng, [(p.id, ids) for p, ids in encoded[:STRICT_INVARIANCE_PROMPTS]], N,
+                                         spec.seed)
+        if strict["batch_sizes"] == [1]:
+            blocking.append("batch invariance: required, but only one prompt fits, so no batch could be formed")
     real = sum(len(r["real_positions"]) for r in per_prompt)
     benign = sum(len(r["benign_positions"]) for r in per_prompt)
-    failed = real > 0 or not invariance["deterministic"] or (drift["checked"] and not drift["ok"])
+    failed = real > 0 or not invariance["deterministic"] or (drift["checked"] and not drift["ok"]) \
+        or (strict is not None and not strict["ok"])
     unchecked_drift = spec.dtype != "float32" and not drift["checked"]
     verdict = "FAIL" if failed else "INCONCLUSIVE" if unchecked_drift or blocking else "PASS"
     summary = {"max_dlogprob": metrics.summary(r["tf"]["max_dlogprob"] for r in per_prompt
@@ -203,6 +225,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
         "summary": summary,
         "bisection": bisection,
         "batch_invariance": invariance,
+        "batch_invariance_required": strict,
         "per_prompt": per_prompt,
         "seed": None, "seed_note": "greedy decoding: no random choice is made",
         "versions": versions(), "spec": {k: v for k, v in asdict(spec).items() if k != "remote"},
@@ -242,6 +265,38 @@ def _bisect(ref, eng, prompt, rtoks, j, tap_tol) -> dict:
     bad = np.flatnonzero(per_layer > tap_tol)
     return {"position": j, "layer": int(bad[0]) if bad.size else None, "tap_tolerance": tap_tol,
             "max_dhidden_per_layer": [float(x) for x in per_layer]}
+
+
+def strict_batch_invariance(eng, prompts: list[tuple[str, list[int]]], n: int, seed: int) -> dict:
+    """Every prompt alone (batch 1), then one batch of each size 2..len(prompts), its prompts drawn in a
+    seeded order (so each lands at varying rows): any bit of a row's tokens or top-k logprobs that
+    differs from the prompt's batch-1 run is a difference, named by prompt, batch size and row."""
+    alone = [eng.generate([p], n)[0] for _, p in prompts]
+    rng = random.Random(seed)
+    batches, diffs = [], []
+    for b in range(2, len(prompts) + 1):
+        order = rng.sample(range(len(prompts)), b)
+        for row, (i, g) in enumerate(zip(order, eng.generate([prompts[i][1] for i in order], n))):
+            d = _first_difference(alone[i], g)
+            if d is not None:
+                diffs.append({"prompt": prompts[i][0], "batch": b, "row": row, **d})
+        batches.append({"batch": b, "order": [prompts[i][0] for i in order]})
+    return {"ok": not diffs, "seed": seed, "prompts": [pid for pid, _ in prompts],
+            "batch_sizes": [1] + [x["batch"] for x in batches], "batches": batches, "differences": diffs,
+            "rule": "tokens and top-k logprobs bitwise equal to the prompt's batch-1 run"}
+
+
+def _first_difference(a, b) -> dict | None:
+    """Where generation b first differs from a in any bit (a token, or a top-k logprob)."""
+    for j in range(max(len(a.token_ids), len(b.token_ids))):
+        ta = a.token_ids[j] if j < len(a.token_ids) else None
+        tb = b.token_ids[j] if j < len(b.token_ids) else None
+        if ta != tb:
+            return {"step": j, "what": "token", "alone": ta, "batched": tb}
+        la, lb = np.asarray(a.top_logprobs[j]), np.asarray(b.top_logprobs[j])
+        if not np.array_equal(np.asarray(a.top_ids[j]), np.asarray(b.top_ids[j])) or not np.array_equal(la, lb):
+            return {"step": j, "what": "top-k logprobs", "max_abs": float(np.abs(la - lb).max())}
+    return None
 
 
 def _batch_invariance(eng, prompts: list[list[int]], n: int) -> dict:

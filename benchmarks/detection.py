@@ -1,0 +1,189 @@
+"""The detection table (issue 14): which rule catches which megakernel fault, and with how many prompts.
+
+    .venv/bin/python benchmarks/detection.py --dtype float32 --out benchmarks/results/detection-float32.json
+    .venv/bin/nox -s detection          # both dtypes, smollm2-135m (mini-moe for the MoE faults)
+
+A benchmark, not a test: it prints figures and writes JSON + a Markdown table; it asserts nothing.
+Prompts: benchmarks/make_prompts.py's seeded set (1,000 prompts, seed 0) in a seeded order (--seed),
+the first --prompts of them that fit the model, in chunks of 8 (the megakernel's batch). For every
+fault (and the faithful engine, the false-alarm row) the chunks run in that order until every rule
+has caught the fault or the prompts run out; "first caught" is the 1-based count of prompts taken
+when a rule first fires (within a chunk, the prompt's own index).
+
+Rules (evalsuite/compare/rule.py and evalsuite/compare/peers.py):
+- evalsuite: `diff`'s verdict on the prompts so far (any real position by the one comparator; in
+  bfloat16 also the drift check against the reference's own bf16 recipe, from 256 positions);
+  its batch-invariance and determinism checks are not part of this count.
+- vllm, maxtext, sglang: as documented in peers.py. evalsuite judges a bf16 engine against the
+  float32 reference (its design); the peers, as their own tests do, against a reference in the same
+  dtype (here the reference's bf16 recipe).
+- accuracy (lm-eval style): not computed here (see the README: `evalsuite run --fault`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from make_prompts import make  # noqa: E402
+
+from engines.megakernel import MegakernelEngine  # noqa: E402
+from engines.megakernel.faults import CATALOGUE  # noqa: E402
+from engines.reference import ReferenceEngine  # noqa: E402
+from evalsuite.compare import peers, rule  # noqa: E402
+from evalsuite.prompts import Prompt  # noqa: E402
+from evalsuite.registry import load_model  # noqa: E402
+from evalsuite.versions import versions  # noqa: E402
+
+CHUNK = 8
+RULES = ("evalsuite",) + peers.RULES
+
+
+def prompt_order(tok, n: int, seed: int, max_context: int, max_new: int) -> list[tuple[str, list[int]]]:
+    rows = make(1000, 0)
+    random.Random(seed).shuffle(rows)
+    out = []
+    for r in rows:
+        ids = Prompt(r["id"], r["kind"], text=r["text"], tokens=r.get("tokens")).encode(tok)
+        if len(ids) + max_new <= max_context:
+            out.append((r["id"], ids))
+        if len(out) == n:
+            break
+    return out
+
+
+class Judge:
+    """The reference's records for every prompt, computed once and shared by every fault."""
+
+    def __init__(self, model, dtype: str, prompts, N: int, progress):
+        self.model, self.dtype, self.N = model, dtype, N
+        ref = ReferenceEngine(model.weights, "float32")
+        same = ReferenceEngine(model.weights, dtype) if dtype != "float32" else None
+        self.ref, self.same, self.recipe = [], [], []
+        for c in range(0, len(prompts), CHUNK):
+            ids = [p for _, p in prompts[c:c + CHUNK]]
+            progress(f"reference: prompts {c + 1}-{c + len(ids)}")
+            g = ref.generate(ids, N, top_k=5, want_logits=True)
+            self.ref += g
+            if same is not None:  # the peers' judge (same dtype) and evalsuite's drift baseline
+                self.same += same.generate(ids, N, top_k=5, want_logits=True)
+                self.recipe += same.forced_topk(ids, [x.token_ids for x in g], 1, want_logits=True)
+        if same is None:
+            self.same = self.ref
+
+
+def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> dict:
+    dtype, N = judge.dtype, judge.N
+    tol = rule.Tolerances.for_dtype(dtype)
+    eng = MegakernelEngine(model.weights, dtype, fault=fault)
+    first: dict[str, int | None] = {r: None for r in RULES}
+    drift_e, drift_r, detail = [], [], {"max_kl": 0.0, "max_sglang_dlogprob": 0.0, "real_positions": 0}
+    t0, taken = time.time(), 0
+    for c in range(0, len(prompts), CHUNK):
+        if fault is not None and all(v is not None for v in first.values()):
+            break
+        ids = [p for _, p in prompts[c:c + CHUNK]]
+        progress(f"{fault or 'faithful'} {dtype}: prompts {c + 1}-{c + len(ids)}")
+        egen = eng.generate(ids, N, top_k=5)
+        forced = eng.forced_topk(ids, [judge.ref[c + i].token_ids for i in range(len(ids))], 5, want_logits=True)
+        # the peers' judge is the reference in the engine's dtype: the engine teacher-forced along its tokens
+        forced_same = forced if dtype == "float32" else eng.forced_topk(
+            ids, [judge.same[c + i].token_ids for i in range(len(ids))], 5, want_logits=True)
+        for i, (eg, fo, fs) in enumerate(zip(egen, forced, forced_same)):
+            n = c + i + 1
+            rg, sg = judge.ref[c + i], judge.same[c + i]
+            rec = rule.compare_prompt(rg.token_ids, rg.track(), fo, eg, tol)
+            detail["real_positions"] += len(rec["real_positions"])
+            if dtype != "float32":
+                drift_e.append(rec["_drift"])
+                drift_r.append(rule.metrics.kl(rg.logits, judge.recipe[c + i].logits))
+            hits = {"evalsuite": bool(rec["real_positions"]),
+                    "vllm": peers.vllm_rule(sg.token_ids, np.asarray(sg.top_ids), eg.token_ids,
+                                            np.asarray(eg.top_ids))["caught"]}
+            mx = peers.maxtext_rule(sg.logits, fs.logits)
+            sl = peers.sglang_rule(sg.top_logprobs, eg.top_logprobs, model.tokenizer.decode(sg.token_ids),
+                                   model.tokenizer.decode(eg.token_ids))
+            hits |= {"maxtext": mx["caught"], "sglang": sl["caught"]}
+            detail["max_kl"] = max(detail["max_kl"], mx["max_kl"])
+            detail["max_sglang_dlogprob"] = max(detail["max_sglang_dlogprob"], sl["max_dlogprob"])
+            for r, hit in hits.items():
+                if hit and first[r] is None:
+                    first[r] = n
+        taken = c + len(ids)
+        if dtype != "float32" and first["evalsuite"] is None:
+            d = rule.drift_check(drift_e, drift_r, dtype)
+            if d["checked"] and not d["ok"]:
+                first["evalsuite"] = taken
+            detail["drift_ratio"] = d.get("ratio")
+    return {"fault": fault, "dtype": dtype, "model": model.name, "first_caught": first, "prompts_taken": taken,
+            "seconds": round(time.time() - t0, 1), **detail}
+
+
+def table(rows: list[dict]) -> str:
+    head = "| fault | dtype | model | " + " | ".join(RULES) + " | prompts run |"
+    lines = [head, "|" + " --- |" * (len(RULES) + 4)]
+    for r in rows:
+        cells = []
+        for k in RULES:
+            v = r["first_caught"][k]
+            cells.append("-" if v is None else (f"FALSE ALARM at {v}" if r["fault"] is None else str(v)))
+        lines.append(f"| {r['fault'] or 'faithful (false alarms)'} | {r['dtype']} | {r['model']} | "
+                     + " | ".join(cells) + f" | {r['prompts_taken']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="which rule catches which fault, and with how many prompts")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--moe-model", default="mini-moe", help="model for the MoE-only faults")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--faults", default="all", help="comma-separated names, or all")
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0, help="the prompts' order")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    names = [f.name for f in CATALOGUE] if a.faults == "all" else a.faults.split(",")
+    unknown = [n for n in names if n not in {f.name for f in CATALOGUE}]
+    if unknown:
+        print(f"error: unknown fault(s) {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    needs = {f.name: f.needs for f in CATALOGUE}
+    progress = lambda s: print(f"[{time.strftime('%H:%M:%S')}] {s}", file=sys.stderr, flush=True)  # noqa: E731
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    t0 = time.time()
+    for model_name, group in ((a.model, [None] + [n for n in names if needs[n] != "moe"]),
+                              (a.moe_model, [None] + [n for n in names if needs[n] == "moe"])):
+        if group == [None] or (model_name == a.moe_model and len(group) == 1):
+            continue
+        model = load_model(model_name)
+        ps = prompt_order(model.tokenizer, a.prompts, a.seed, model.config.max_context, a.max_new_tokens)
+        judge = Judge(model, a.dtype, ps, a.max_new_tokens, progress)
+        for f in group:
+            rows.append(judge_fault(judge, ps, f, model, progress))
+            r = rows[-1]
+            progress(f"{f}: {r['first_caught']} ({r['seconds']} s)")
+            result = {"rows": rows, "prompts": a.prompts, "prompt_set": "benchmarks/make_prompts.py n=1000 seed=0",
+                      "order_seed": a.seed, "max_new_tokens": a.max_new_tokens, "dtype": a.dtype,
+                      "thresholds": {"maxtext_max_kl": peers.MAXTEXT_MAX_KL, "sglang_decode": peers.SGLANG_DECODE_TOL,
+                                     "vllm_top_n": peers.VLLM_TOP_N},
+                      "versions": versions(), "seconds": round(time.time() - t0, 1)}
+            out.write_text(json.dumps(result, indent=1))  # after every fault: a kill loses one row at most
+    print(table(rows))
+    print(f"\n{out}: {len(rows)} rows, {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
