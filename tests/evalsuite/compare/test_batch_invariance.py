@@ -59,6 +59,6 @@ def test_bad_requirement_and_engine_options_are_one_line_errors():
         DiffSpec(require=("batch-invariants",))
     for opt, msg in (("nope=1", "engine megakernel takes one of batch_invariant"),
                      ("batch_invariant=maybe", "expected 1/true/yes/on"), ("batch_invariant", "expected KEY=VALUE")):
-        p = subprocess.run([sys.executable, "-m", "evalsuite.cli", "diff", "--model", "mini-llama", "--prompts", "quick",
-                            "--engine-option", opt], capture_output=True, text=True, timeout=300)
+        p = subprocess.run([sys.executable, "-m", "evalsuite.cli", "diff", "--model", "mini-llama", "--prompts",
+                            "quick", "--engine-option", opt], capture_output=True, text=True, timeout=300)
         assert p.returncode == 2 and msg in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
