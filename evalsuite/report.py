@@ -233,8 +233,9 @@ def engines_text(rows: list[dict]) -> str:
         src = f"{r['target']}  [{r['distribution'] or '?'} {r['version'] or ''}]".rstrip()
         if r["ok"]:
             faults = f"; faults: {', '.join(r['faults'])}" if r["faults"] else ""
+            opts = f"; --engine-option keys: {', '.join(r['options'])}" if r.get("options") else ""
             kind = " (server: needs --base-url)" if r["server"] else ""
-            lines.append(f"{r['name']:<12} {src}{kind}{faults}")
+            lines.append(f"{r['name']:<12} {src}{kind}{faults}{opts}")
             if r["doc"]:
                 lines.append(f"{'':<12} {r['doc']}")
         else:

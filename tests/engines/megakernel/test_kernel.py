@@ -176,3 +176,13 @@ def test_router_fault_needs_moe(mini_llama):
 
     with pytest.raises(ModelError, match="needs a MoE model"):
         MegakernelEngine(mini_llama.weights, fault="router_second_choice")
+
+
+def test_every_fault_is_in_the_readme_catalogue():
+    from pathlib import Path
+
+    from engines.megakernel.faults import CATALOGUE
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text("utf-8")
+    missing = [f.name for f in CATALOGUE if f"| `{f.name}` | {f.what} |" not in readme]
+    assert not missing, f"README's fault table lacks (or words differently) {missing}"

@@ -1,0 +1,66 @@
+"""The detection table's accuracy-only column (issue 14): does an lm-eval-style accuracy comparison
+(the paired verdict of `evalsuite run`) catch each fault? A fault is caught when the run FAILs.
+
+    .venv/bin/python benchmarks/detection_accuracy.py --task gpqa --limit 100 --data ../shared/data \\
+        --out benchmarks/results/detection-accuracy-gpqa.json
+
+Each fault runs `evalsuite run TASK --fault F` into one output folder per model, so the reference's
+answers are computed once and reused from its journal (its key holds no fault); the megakernel's are
+computed per fault. A benchmark: it prints figures and writes JSON; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engines.megakernel.faults import CATALOGUE  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="accuracy-only detection of each fault")
+    ap.add_argument("--task", default="gpqa", choices=("gpqa", "gsm8k"))
+    ap.add_argument("--limit", type=int, default=100)
+    ap.add_argument("--data", default="../shared/data")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--moe-model", default="mini-moe")
+    ap.add_argument("--faults", default="all")
+    ap.add_argument("--runs", default="runs/detection-accuracy")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    names = [f.name for f in CATALOGUE] if a.faults == "all" else a.faults.split(",")
+    needs = {f.name: f.needs for f in CATALOGUE}
+    bad = [n for n in names if n not in needs]
+    if bad or a.limit < 1:
+        print(f"error: unknown fault(s) {bad}" if bad else "error: --limit must be >= 1", file=sys.stderr)
+        return 2
+    rows = []
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for f in names:
+        model = a.moe_model if needs[f] == "moe" else a.model
+        t0 = time.time()
+        p = subprocess.run([sys.executable, "-m", "evalsuite.cli", "run", a.task, "--model", model, "--data", a.data,
+                            "--limit", str(a.limit), "--fault", f, "--output", f"{a.runs}/{a.task}-{model}", "--json"],
+                           capture_output=True, text=True)
+        if p.returncode not in (0, 1, 3):
+            rows.append({"fault": f, "model": model, "error": (p.stderr.strip().splitlines() or ["?"])[-1]})
+        else:
+            r = json.loads(p.stdout)
+            rows.append({"fault": f, "model": model, "verdict": r["verdict"], "caught": r["verdict"] == "FAIL",
+                         "items": r["items"], "accuracy": {k: v["accuracy"] for k, v in r["engines"].items()},
+                         "paired": {k: r["paired"].get(k) for k in ("b", "c", "loss_p", "loss_upper")},
+                         "seconds": round(time.time() - t0, 1)})
+        print(json.dumps(rows[-1]), flush=True)
+        out.write_text(json.dumps({"task": a.task, "limit": a.limit, "data": a.data, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
