@@ -151,6 +151,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0, help="the prompts' order")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows already in --out (same settings) and run only the missing faults")
     a = ap.parse_args(argv)
     names = [f.name for f in CATALOGUE] if a.faults == "all" else a.faults.split(",")
     unknown = [n for n in names if n not in {f.name for f in CATALOGUE}]
@@ -162,10 +164,19 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
+    if a.resume and out.is_file():
+        old = json.loads(out.read_text())
+        same = (old.get("prompts"), old.get("order_seed"), old.get("max_new_tokens"), old.get("dtype"))
+        if same != (a.prompts, a.seed, a.max_new_tokens, a.dtype):
+            print(f"error: --resume: {out} was written with other settings {same}", file=sys.stderr)
+            return 2
+        rows = old["rows"]
+    done = {(r["model"], r["fault"]) for r in rows}
     t0 = time.time()
     for model_name, group in ((a.model, [None] + [n for n in names if needs[n] != "moe"]),
                               (a.moe_model, [None] + [n for n in names if needs[n] == "moe"])):
-        if group == [None] or (model_name == a.moe_model and len(group) == 1):
+        group = [f for f in group if (model_name, f) not in done]
+        if not [f for f in group if f is not None]:
             continue
         model = load_model(model_name)
         ps = prompt_order(model.tokenizer, a.prompts, a.seed, model.config.max_context, a.max_new_tokens)
