@@ -74,3 +74,14 @@ FAULTS = KERNEL_FAULTS  # the names KernelSpec.fault takes
 NORM_EPS_FAULT = 1e-6  # norm_eps: the epsilon a kernel hard-codes (Llama 2's)
 FINAL_NORM_EPS_FAULT = 1e-2  # final_norm_eps
 ROPE_THETA_FAULT = 1.01  # rope_theta: the factor on the base
+
+SHOWS_WITH = {"": "any prompt", "moe": "MoE models", "batch": "batch > 1, rows at different positions",
+              "tiles": "contexts past 128 tokens"}
+
+
+def markdown() -> str:
+    """The README's catalogue table, which a test keeps equal to this; to regenerate it:
+    `.venv/bin/python -c "from engines.megakernel.faults import markdown; print(markdown(), end='')"`."""
+    rows = ["| fault | what the engine does | the real bug it stands for | shows with |", "| --- | --- | --- | --- |"]
+    rows += [f"| `{f.name}` | {f.what} | {f.stands_for} | {SHOWS_WITH[f.needs]} |" for f in CATALOGUE]
+    return "\n".join(rows) + "\n"

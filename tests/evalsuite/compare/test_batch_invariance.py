@@ -32,7 +32,8 @@ def _set(tmp_path, prompts):
     (INVARIANT, None, 8, "PASS"),
     (INVARIANT, "batch_variant", 8, "FAIL"),
     (INVARIANT, None, 1, "INCONCLUSIVE"),
-    ((), None, 8, "FAIL"),
+    # heavy (26 s): the default megakernel FAILs the claim; CI keeps the FAIL path through batch_variant
+    pytest.param((), None, 8, "FAIL", marks=pytest.mark.heavy),
 ])
 def test_required_batch_invariance(tmp_path, mini_llama, options, fault, n_prompts, verdict):
     spec = DiffSpec(model="mini-llama", prompts=_set(tmp_path, PROMPTS[:n_prompts]), max_new_tokens=6,

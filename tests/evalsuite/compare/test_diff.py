@@ -54,11 +54,13 @@ def test_bf16_residual_fails_in_bf16_mode_on_smollm2(smollm2):
     assert r["verdict"] == "FAIL" and r["bf16_drift"]["checked"] and not r["bf16_drift"]["ok"]
 
 
-# CI keeps drop_layer (f32, bisection) and bf16_residual (bf16 drift); stale_feedback FAILs in CI over the API
-# (test_serve), in `run sanity` and `verify` (test_run, test_evidence) and in serve's self-check (test_plugins)
-@pytest.mark.parametrize("dtype, fault", [("float32", "drop_layer"), ("bfloat16", "bf16_residual")]
+# CI keeps bf16_residual (bf16 drift); drop_layer's f32 FAIL and bisection run in CI through the CLI
+# (test_cli_exit_codes_and_json); stale_feedback FAILs in CI in `run sanity` and `verify` (test_run,
+# test_evidence) and in serve's self-check (test_plugins)
+@pytest.mark.parametrize("dtype, fault", [("bfloat16", "bf16_residual")]
                          + [pytest.param(d, f, marks=pytest.mark.heavy)
-                            for d, f in [("float32", "stale_feedback"), ("float32", "rope_off_by_one"),
+                            for d, f in [("float32", "drop_layer"), ("float32", "stale_feedback"),
+                                         ("float32", "rope_off_by_one"),
                                          ("float32", "kv_stale"),
                                          ("float32", "bf16_residual"), ("bfloat16", "rope_off_by_one"),
                                          ("bfloat16", "kv_stale"), ("bfloat16", "drop_layer"),
@@ -83,7 +85,7 @@ def test_faithful_mini_moe_passes_and_bisection_absent():
     assert r["verdict"] == "PASS" and r["bisection"] is None
 
 
-def test_cli_exit_codes_and_json(tmp_path):
+def test_cli_exit_codes_and_json(tmp_path, mini_llama):
     def run(*args):
         return subprocess.run([sys.executable, "-m", "evalsuite.cli", "diff", "--model", "mini-llama",
                                "--prompts", "quick", "--max-new-tokens", "8", *args],
@@ -97,7 +99,10 @@ def test_cli_exit_codes_and_json(tmp_path):
     assert out["verdict"] == "PASS" and out["prompts"] == 11
     for f in ("report.md", "results.json", "dlogit.png"):
         assert (tmp_path / "rep" / f).stat().st_size > 0
-    bad = run("--fault", "drop_layer")
-    assert bad.returncode == 1 and bad.stdout.startswith("FAIL") and "bisection" in bad.stdout
+    bad = run("--fault", "drop_layer", "--json")
+    assert bad.returncode == 1, bad.stderr
+    r = json.loads(bad.stdout)
+    assert r["verdict"] == "FAIL" and r["real_mismatches"] > 0
+    assert r["bisection"]["layer"] == mini_llama.config.n_layers // 2  # the layer whose MLP the fault skips
     usage = run("--batch", "99")
     assert usage.returncode == 2 and "Traceback" not in usage.stderr and "--batch" in usage.stderr
