@@ -86,7 +86,8 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> di
     tol = rule.Tolerances.for_dtype(dtype)
     eng = MegakernelEngine(model.weights, dtype, fault=fault)
     first: dict[str, int | None] = {r: None for r in RULES}
-    drift_e, drift_r, detail = [], [], {"max_kl": 0.0, "max_sglang_dlogprob": 0.0, "real_positions": 0}
+    drift_e, drift_r = [], []
+    detail = {"max_kl": 0.0, "max_sglang_dlogprob": 0.0, "real_positions": 0, "flagged": {}}
     t0, taken = time.time(), 0
     for c in range(0, len(prompts), CHUNK):
         if fault is not None and all(v is not None for v in first.values()):
@@ -103,6 +104,8 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> di
             rg, sg = judge.ref[c + i], judge.same[c + i]
             rec = rule.compare_prompt(rg.token_ids, rg.track(), fo, eg, tol)
             detail["real_positions"] += len(rec["real_positions"])
+            if fault is None and rec["real_positions"]:  # a false alarm: which prompt, which positions
+                detail["flagged"][prompts[c + i][0]] = rec["real_positions"]
             if dtype != "float32":
                 drift_e.append(rec["_drift"])
                 drift_r.append(rule.metrics.kl(rg.logits, judge.recipe[c + i].logits))

@@ -4,8 +4,14 @@ prompt set (benchmarks/make_prompts.py), in-process and over HTTP (`evalsuite se
 per-prompt false-alarm rate (3/n; with k > 0 flagged, the exact one-sided 97.5% Clopper-Pearson bound),
 wall time and peak RSS (of the largest child process so far). A benchmark: prints figures, asserts nothing.
 
-    .venv/bin/python benchmarks/false_alarms.py --n 1000 --dtype float32 --out runs/false-alarms
+    .venv/bin/python benchmarks/false_alarms.py --dtype float32 [--served] [--resume]
     .venv/bin/nox -s false_alarms      # 1,000 prompts, float32 and bfloat16, in-process and served
+
+The prompts run in chunks (--chunk, 100 by default), one `diff` process per chunk, and the summary
+JSON (benchmarks/results/false-alarms-<dtype>.json: per chunk the verdict, the flagged prompts with
+their positions, wall time, peak RSS) is rewritten after every chunk: a run stopped part-way keeps its
+finished chunks, and --resume runs only the missing ones (same settings). Full diff reports go to
+--reports (runs/, not committed).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from make_prompts import main as make_prompts  # noqa: E402
 
 from evalsuite.bench.stats import cp_upper, rule_of_three  # noqa: E402
+from evalsuite.versions import versions  # noqa: E402
 
 
 def _free_port() -> int:
@@ -35,22 +42,59 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_diff(args: list[str], out: Path) -> dict:
-    """One `evalsuite diff` in its own process (its peak RSS is its own), JSON to out."""
+def _run_diff(args: list[str], report: Path) -> dict:
+    """One `evalsuite diff` in its own process, judged from its JSON."""
     t0 = time.time()
-    p = subprocess.run([sys.executable, "-m", "evalsuite.cli", "diff", *args, "--json", "--report", str(out)],
+    p = subprocess.run([sys.executable, "-m", "evalsuite.cli", "diff", *args, "--json", "--report", str(report)],
                        capture_output=True, text=True)
     wall = time.time() - t0
     if p.returncode not in (0, 1, 3):
         raise SystemExit(f"error: diff exited {p.returncode}: {p.stderr.strip().splitlines()[-1:]}")
     r = json.loads(p.stdout)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    flagged = [q["id"] for q in r["per_prompt"] if q["real_positions"]]
-    return {"verdict": r["verdict"], "prompts": r["prompts"], "skipped": len(r["skipped"]), "flagged": len(flagged),
-            "flagged_ids": flagged, "rule_of_three_upper": rule_of_three(r["prompts"]),
-            "cp_upper_97_5": cp_upper(len(flagged), r["prompts"]),
+    flagged = {q["id"]: q["real_positions"] for q in r["per_prompt"] if q["real_positions"]}
+    return {"verdict": r["verdict"], "prompts": r["prompts"], "skipped": len(r["skipped"]), "flagged": flagged,
             "benign_divergences": r["benign_divergences"], "not_checked": r["not_checked"],
             "wall_s": round(wall, 1), "peak_rss_children_gb": round(usage.ru_maxrss / 2**20, 2)}
+
+
+def summary(chunks: list[dict]) -> dict:
+    """The whole run from its chunks: prompts judged, flagged, the bounds on the false-alarm rate."""
+    n = sum(c["prompts"] for c in chunks)
+    flagged = {k: v for c in chunks for k, v in c["flagged"].items()}
+    return {"prompts": n, "chunks": len(chunks), "flagged": len(flagged), "flagged_prompts": flagged,
+            "rule_of_three_upper": rule_of_three(n), "cp_upper_97_5": cp_upper(len(flagged), n),
+            "verdicts": sorted({c["verdict"] for c in chunks}),
+            "benign_divergences": sum(c["benign_divergences"] for c in chunks),
+            "wall_s": round(sum(c["wall_s"] for c in chunks), 1),
+            "peak_rss_gb": max((c["peak_rss_children_gb"] for c in chunks), default=None)}
+
+
+class Server:
+    """`evalsuite serve` on loopback for the served mode, started on first use."""
+
+    def __init__(self, model: str, dtype: str):
+        self.model, self.dtype, self.proc, self.url = model, dtype, None, None
+
+    def start(self) -> str:
+        if self.proc is None:
+            port = _free_port()
+            self.proc = subprocess.Popen([sys.executable, "-m", "evalsuite.cli", "serve", "--engine", "megakernel",
+                                          "--model", self.model, "--dtype", self.dtype, "--port", str(port)],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+            for _ in range(600):  # the server loads the model first
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(1)
+            self.url = f"http://127.0.0.1:{port}/v1"
+        return self.url
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=60)
 
 
 def main(argv=None) -> int:
@@ -60,43 +104,64 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--chunk", type=int, default=100, help="prompts per diff process")
     ap.add_argument("--served", action="store_true", help="also through evalsuite serve on loopback")
-    ap.add_argument("--out", default="runs/false-alarms")
+    ap.add_argument("--only-served", action="store_true", help="the served mode only")
+    ap.add_argument("--resume", action="store_true", help="keep the finished chunks in --out (same settings)")
+    ap.add_argument("--out", help="summary JSON (default benchmarks/results/false-alarms-<dtype>.json)")
+    ap.add_argument("--reports", default="runs/false-alarms", help="folder for the prompt files and diff reports")
     a = ap.parse_args(argv)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    prompts = out / f"prompts-{a.n}-seed{a.seed}.jsonl"
+    if a.chunk < 1 or a.n < 1:
+        print("error: --n and --chunk must be >= 1", file=sys.stderr)
+        return 2
+    out = Path(a.out or ROOT / f"benchmarks/results/false-alarms-{a.dtype}.json")
+    reports = Path(a.reports)
+    reports.mkdir(parents=True, exist_ok=True)
+    settings = {"model": a.model, "dtype": a.dtype, "n": a.n, "seed": a.seed, "max_new_tokens": a.max_new_tokens,
+                "chunk": a.chunk}
+    done: dict[str, dict] = {}
+    if a.resume and out.is_file():
+        old = json.loads(out.read_text())
+        if old.get("settings") != settings:
+            print(f"error: --resume: {out} was written with other settings {old.get('settings')}", file=sys.stderr)
+            return 2
+        done = old["chunks"]
+    prompts = reports / f"prompts-{a.n}-seed{a.seed}.jsonl"
     make_prompts(["--n", str(a.n), "--seed", str(a.seed), "--out", str(prompts)])
-    base = ["--model", a.model, "--dtype", a.dtype, "--prompts", str(prompts),
-            "--max-new-tokens", str(a.max_new_tokens)]
-    rows = {"in-process": _run_diff(base, out / f"inproc-{a.dtype}")}
-    print(json.dumps({"in-process": rows["in-process"]}), flush=True)
-    if a.served:
-        port = _free_port()
-        srv = subprocess.Popen([sys.executable, "-m", "evalsuite.cli", "serve", "--engine", "megakernel", "--model",
-                                a.model, "--dtype", a.dtype, "--port", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
-        try:
-            url = f"http://127.0.0.1:{port}/v1"
-            for _ in range(600):  # the server loads the model first
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    time.sleep(1)
-            rows["served"] = _run_diff(base + ["--engine", "openai", "--base-url", url],
-                                       out / f"served-{a.dtype}")
-            rows["served"]["note"] = "the served engine is the megakernel in --dtype " + a.dtype
-        finally:
-            srv.terminate()
-            srv.wait(timeout=60)
-    result = {"model": a.model, "dtype": a.dtype, "n": a.n, "seed": a.seed, "max_new_tokens": a.max_new_tokens,
-              "prompt_file": str(prompts), "rows": rows}
-    (out / f"false-alarms-{a.dtype}.json").write_text(json.dumps(result, indent=1))
-    for k, r in rows.items():
-        print(f"{k:10s} {a.dtype}: {r['flagged']} of {r['prompts']} prompts flagged (upper bound on the rate: rule of "
-              f"three {r['rule_of_three_upper']:.4f}, exact 97.5% {r['cp_upper_97_5']:.4f}), verdict {r['verdict']}, "
-              f"{r['wall_s']} s, peak RSS {r['peak_rss_children_gb']} GB")
+    lines = prompts.read_text().splitlines()
+    modes = ["served"] if a.only_served else ["in-process"] + (["served"] if a.served else [])
+    server = Server(a.model, a.dtype)
+    t0 = time.time()
+    try:
+        for mode in modes:
+            for c in range(0, len(lines), a.chunk):
+                key = f"{mode}:{c}"
+                if key in done:
+                    continue
+                part = reports / f"prompts-{a.n}-seed{a.seed}-{c}.jsonl"
+                part.write_text("\n".join(lines[c:c + a.chunk]) + "\n")
+                args = ["--model", a.model, "--dtype", a.dtype, "--prompts", str(part),
+                        "--max-new-tokens", str(a.max_new_tokens)]
+                if mode == "served":
+                    args += ["--engine", "openai", "--base-url", server.start()]
+                print(f"[{time.strftime('%H:%M:%S')}] {mode} {a.dtype}: prompts {c + 1}-{c + a.chunk}", file=sys.stderr,
+                      flush=True)
+                done[key] = {"mode": mode, "first": c, **_run_diff(args, reports / f"{mode}-{a.dtype}-{c}")}
+                r = done[key]
+                print(f"  {r['verdict']}, {len(r['flagged'])} flagged, {r['wall_s']} s", file=sys.stderr, flush=True)
+                result = {"settings": settings, "prompt_set": "benchmarks/make_prompts.py", "chunks": done,
+                          "summary": {m: summary([v for v in done.values() if v["mode"] == m])
+                                      for m in sorted({v["mode"] for v in done.values()})},
+                          "versions": versions()}
+                out.write_text(json.dumps(result, indent=1))  # after every chunk: a stop loses one chunk at most
+    finally:
+        server.stop()
+    for m in modes:
+        s = summary([v for v in done.values() if v["mode"] == m])
+        print(f"{m:10s} {a.dtype}: {s['flagged']} of {s['prompts']} prompts flagged (upper bound on the rate: rule of "
+              f"three {s['rule_of_three_upper']:.4f}, exact 97.5% {s['cp_upper_97_5']:.4f}), {s['wall_s']} s, "
+              f"peak RSS {s['peak_rss_gb']} GB")
+    print(f"{out} ({time.time() - t0:.0f} s this run)")
     return 0
 
 

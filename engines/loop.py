@@ -26,9 +26,13 @@ PREFILL_TOKEN_BUDGET = 4096
 MIN_SHARED_PREFIX = 32
 # A decode step's attention need read only the cache slots up to the furthest row's position (bucketed by
 # next_bucket), not all of prompt + max_new: at batch 32 a step took 507 ms over 2,048 slots and 110 ms
-# over 32 (smollm2, measured in development; benchmarks/decode.py prints the context figures). Windows
-# start at 64 slots: each size is one more compilation.
-MIN_WINDOW = 64
+# over 32 (smollm2, measured in development; benchmarks/decode.py prints the context figures). Each window
+# size is one more compilation, and each batch-cache size (slots) too: both start at 128 slots (one
+# megakernel attention tile), so that every short prompt shares one shape. At 64 a mini-llama `diff
+# --prompts quick` traced 8 distinct kernel shapes (1.6 s of Pallas tracing each, even from the
+# persistent cache); reading 128 slots instead of 64 cost smollm2 little (batch 8 at 256 slots: 154 ms
+# per step over a 64-slot window, 201 ms over all 256: 5 timed MegakernelEngine._decode_step calls, 2026-12-01).
+MIN_WINDOW = 128
 # Continuous batching: once this share of a batch's rows (1/4) has finished while prompts are waiting,
 # the waiting ones are prefilled into the finished rows' places. Refilling one row at a time would
 # prefill in many small calls (and compile more shapes); waiting for a quarter keeps calls batched.
@@ -67,7 +71,7 @@ def pad(prompts: Sequence[Sequence[int]], extra: int):
     B = next_pow2(n)  # pad the batch too: 1..8 rows compile 4 shapes, not 8
     lengths = np.array([len(p) for p in prompts] + [1] * (B - n), np.int32)
     Tb = next_bucket(int(lengths.max()), MIN_PREFILL_BUCKET)
-    S = next_pow2(max(Tb, int(lengths.max()) + extra))
+    S = next_pow2(max(Tb, int(lengths.max()) + extra), MIN_WINDOW)
     tokens = np.zeros((B, Tb), np.int32)
     for r, p in enumerate(prompts):
         tokens[r, :len(p)] = p
@@ -90,8 +94,8 @@ def stream_slots(prompts: Sequence[Sequence[int]], max_new: int, prefix_len: int
     longest = max(len(p) - P for p in prompts)
     if P:
         return next_pow2(max(next_pow2(P, MIN_PREFILL_BUCKET), P + next_bucket(longest, MIN_PREFILL_BUCKET),
-                             P + longest + max_new))
-    return next_pow2(max(next_bucket(longest, MIN_PREFILL_BUCKET), longest + max_new))
+                             P + longest + max_new), MIN_WINDOW)
+    return next_pow2(max(next_bucket(longest, MIN_PREFILL_BUCKET), longest + max_new), MIN_WINDOW)
 
 
 def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,
@@ -163,8 +167,7 @@ def greedy_stream(prefill: Callable, decode: Callable, prompts: Sequence[Sequenc
     invariant (a batch-invariant engine mode): every call has the same shape whatever the batch: always
     max_rows rows (no shrink), every prompt prefilled alone, no shared prefix."""
     n, P = len(prompts), prefix_len
-    S = stream_slots(prompts, max_new, P)
-    S = max(S, MIN_WINDOW) if invariant else S  # invariant: every window a multiple of one attention tile
+    S = stream_slots(prompts, max_new, P)  # at least MIN_WINDOW: every window a multiple of one attention tile
     B = max_rows if invariant else min(next_pow2(min(n, max_rows)), max_rows)
     pending = deque(range(n))
     state = None

@@ -120,7 +120,7 @@ def test_attention_window_reads_every_visible_slot(mini_llama, engine):
     from engines.megakernel import MegakernelEngine
     from engines.reference import ReferenceEngine
 
-    assert attention_window(np.array([600, 10]), 1024) == 768 and attention_window(np.array([20]), 1024) == 64
+    assert attention_window(np.array([600, 10]), 1024) == 768 and attention_window(np.array([20]), 1024) == 128
     assert attention_window(np.array([900]), 1024) == 1024 and attention_window(np.array([3]), 64) == 64
     eng = (ReferenceEngine if engine == "reference" else MegakernelEngine)(mini_llama.weights)
     rng = np.random.default_rng(11)
