@@ -5,15 +5,21 @@ reference (or the reference's pinned golden outputs), position by position, over
 Every engine (in-process with full logits, or over an HTTP API with top-k logprobs) is judged by
 the same rule; what an engine cannot show is reported as "not checked", never assumed fine.
 
-Tolerances are multiples of noise floors measured on the REFERENCE, never on the engine judged
-(2026-11-30, smollm2-135m, builtin set, 32 prompts x 32 greedy tokens = 1,024 positions,
-`python benchmarks/calibrate_noise.py builtin` reproduces it):
+Tolerances are multiples of noise floors measured on the REFERENCE, never on the engine judged, each
+the larger of two prompt sets (smollm2-135m, 32 greedy tokens per prompt; `python
+benchmarks/calibrate_noise.py builtin` and `... varied`): builtin (32 prompts, 1,024 positions,
+2026-11-30) and varied (128 prompts of benchmarks/make_prompts.py's set, 9-1,215 tokens, raw and chat,
+code, numbers, unicode: 4,096 positions, disjoint from the detection table's 64; 2026-12-01):
   float32 floor: the reference's full-sequence forward (score) against its own KV-cache decode on
-    the same tokens, same math in two XLA programs: max |Δlogit| 1.34e-4, KL max 2.2e-10.
-    (The faithful megakernel, for information only: 1.24e-4 and 2.0e-10.)
+    the same tokens, same math in two XLA programs: max |Δlogit| 1.34e-4 / 1.91e-4, KL max
+    2.2e-10 / 5.5e-10 (builtin / varied). (The faithful megakernel, builtin, for information only:
+    1.24e-4 and 2.0e-10.)
   bfloat16 floor: the reference in its bf16 recipe (bf16 weights and matmul inputs, f32
     accumulation, residual and KV: what bf16 mode means for every engine) against itself in
-    float32: max |Δlogit| 0.653, p99 0.361, mean 0.185; KL max 2.4e-3, mean 1.32e-4.
+    float32: max |Δlogit| 0.653 / 0.749, p99 0.361 / 0.365; KL max 2.4e-3 / 3.9e-3, mean 1.3e-4 /
+    1.2e-4. The bounds below were first set from builtin alone (5e-4, 1e-9, 1.0, 3.6e-3); the
+    faithful bf16 megakernel then crossed them at 4 of 2,048 positions of the detection set, and
+    the varied set showed the floor itself was higher: the bounds follow the larger floor.
 DLOGIT_TOL: per position, max over the vocabulary of |Δlogit|: 4x the f32 floor, 1.5x the bf16 one.
 KL_TOL: per position KL(reference || engine): 4.5x the f32 floor, 1.5x the bf16 one.
 NOISE_TOL = 2 x DLOGIT_TOL: if no logit moves by more than T, a flip is only possible where the
@@ -43,8 +49,8 @@ import numpy as np
 from engines.base import Forced, Generation
 from evalsuite.compare import metrics
 
-DLOGIT_TOL = {"float32": 5e-4, "bfloat16": 1.0}
-KL_TOL = {"float32": 1e-9, "bfloat16": 3.6e-3}
+DLOGIT_TOL = {"float32": 8e-4, "bfloat16": 1.1}  # 4.2x 1.91e-4; 1.47x 0.749
+KL_TOL = {"float32": 2.5e-9, "bfloat16": 5.8e-3}  # 4.5x 5.5e-10; 1.5x 3.9e-3
 NOISE_TOL = {k: 2 * v for k, v in DLOGIT_TOL.items()}
 LOGPROB_TOL = {k: 2 * v for k, v in DLOGIT_TOL.items()}
 DRIFT_RATIO = 1.3
