@@ -126,8 +126,8 @@ class MegakernelEngine(Engine):
         # of memory after a handful of shapes.
         self.w = {"hbm": self.hbm, "embed": self.embed, "head_t": self.head_t,
                   "final_norm": self.final_norm, "rope": self.rope, "rope_decode": self.rope_decode}
-        self._prefill = jax.jit(self._prefill_impl, static_argnames=("slots", "k", "want_logits"))
-        self._extend = jax.jit(self._extend_impl, static_argnames=("slots", "k", "want_logits"))
+        self._prefill = jax.jit(self._prefill_impl, static_argnames=("slots",))
+        self._extend = jax.jit(self._extend_impl, static_argnames=("slots",))
         self._prefix_kv = jax.jit(lambda w, tokens: prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"],
                                                                    tokens, tokens.shape[1])[1:3])
         self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its K/V [L, 1, K, P, hd])
@@ -136,8 +136,13 @@ class MegakernelEngine(Engine):
         self._gather = jax.jit(lambda kc, vc, keep: (kc[:, keep], vc[:, keep]))  # caches [L, B, K, S, hd]
         self._put = jax.jit(lambda kc, vc, rk, rv, where, src: (kc.at[:, where].set(rk[:, src]),
                                                                 vc.at[:, where].set(rv[:, src])), donate_argnums=(0, 1))
-        self._decode = jax.jit(self._decode_impl, static_argnames=("k", "want_logits", "want_taps", "window"),
-                               donate_argnums=(3, 4))
+        # The decode step is two programs: the kernel (keyed by its shape: rows, slots, window, taps) and
+        # the head (final norm, logits, top-k; keyed by k and want_logits). One program for both traced
+        # and lowered the whole Pallas kernel again for every (k, want_logits) a caller used (generate's
+        # top-5, teacher forcing's logits), about 1.6 s each for mini-llama even from the persistent cache.
+        self._decode = jax.jit(self._decode_impl, static_argnames=("want_taps", "window"), donate_argnums=(3, 4))
+        self._head = jax.jit(self._head_impl, static_argnames=("k", "want_logits"))
+        self._prefill_head = jax.jit(self._prefill_head_impl, static_argnames=("k", "want_logits"))
 
     def _rope_tables(self, theta: float) -> dict:
         c = self.config
@@ -157,16 +162,18 @@ class MegakernelEngine(Engine):
         top_v, top_i = jax.lax.top_k(logp, k)
         return jnp.argmax(logits, axis=-1).astype(jnp.int32), top_i, top_v, (logits if want_logits else None)
 
-    def _prefill_impl(self, w, tokens, lengths, slots, k, want_logits):
+    def _prefill_impl(self, w, tokens, lengths, slots):
+        """Each row's last hidden state [B, D] (its logits come from _prefill_head) and the caches."""
         x, kc, vc, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots)
-        last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, D]
-        return (*self._pick(self._logits(w, last), k, want_logits), kc, vc)
+        return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0], kc, vc
 
-    def _extend_impl(self, w, prefix_k, prefix_v, tokens, lengths, slots, k, want_logits):
+    def _extend_impl(self, w, prefix_k, prefix_v, tokens, lengths, slots):
         x, kc, vc, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots,
                                       prefix=(prefix_k, prefix_v))
-        last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, D]
-        return (*self._pick(self._logits(w, last), k, want_logits), kc, vc)
+        return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0], kc, vc
+
+    def _prefill_head_impl(self, w, x, k, want_logits):
+        return self._pick(self._logits(w, x), k, want_logits)  # the prefill's final norm is never faulted
 
     def _score_impl(self, w, tokens, want_taps):
         x, _, _, taps = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens,
@@ -180,11 +187,14 @@ class MegakernelEngine(Engine):
         return KernelSpec(self.config, batch, slots, tile, window, self.fault, self.fault_layer,
                           self.n_buffers, want_taps, self.interpret)
 
-    def _decode_impl(self, w, ids, pos, kc, vc, k, want_logits, want_taps=False, window=None):
+    def _decode_impl(self, w, ids, pos, kc, vc, want_taps=False, window=None):
+        """The kernel step: hidden states after the last layer [B, D], the updated caches, taps."""
         spec = self._spec(ids.shape[0], kc.shape[3], want_taps, window)
         x = w["embed"][ids].astype(F32)
-        x, kc, vc, taps = decode_layers(spec, w["hbm"], x, pos, kc, vc, w["rope_decode"])
-        return (*self._pick(self._logits(w, x, self.final_eps), k, want_logits), kc, vc, taps)
+        return decode_layers(spec, w["hbm"], x, pos, kc, vc, w["rope_decode"])
+
+    def _head_impl(self, w, x, k, want_logits):
+        return self._pick(self._logits(w, x, self.final_eps), k, want_logits)
 
     # ---- the protocol --------------------------------------------------------------------------
     @property
@@ -215,9 +225,8 @@ class MegakernelEngine(Engine):
         return out
 
     def _prefill_step(self, tokens, lengths, slots, k, want_logits):
-        *out, kc, vc = self._prefill(self.w, jnp.asarray(tokens), jnp.asarray(lengths), slots=slots, k=k,
-                                     want_logits=want_logits)
-        return (*out, (kc, vc))
+        x, kc, vc = self._prefill(self.w, jnp.asarray(tokens), jnp.asarray(lengths), slots=slots)
+        return (*self._prefill_head(self.w, x, k=k, want_logits=want_logits), (kc, vc))
 
     def _extend_step(self, prefix, tokens, lengths, slots, k, want_logits):
         """Prefill only the rows' suffixes over a prefix they all share (lm-eval's fixed few-shot
@@ -228,14 +237,13 @@ class MegakernelEngine(Engine):
             ptoks[0, :P] = prefix
             kc, vc = self._prefix_kv(self.w, jnp.asarray(ptoks))
             self._prefix = (prefix, (kc[:, :, :, :P], vc[:, :, :, :P]))
-        *out, kc, vc = self._extend(self.w, *self._prefix[1], jnp.asarray(tokens), jnp.asarray(lengths), slots=slots,
-                                    k=k, want_logits=want_logits)
-        return (*out, (kc, vc))
+        x, kc, vc = self._extend(self.w, *self._prefix[1], jnp.asarray(tokens), jnp.asarray(lengths), slots=slots)
+        return (*self._prefill_head(self.w, x, k=k, want_logits=want_logits), (kc, vc))
 
     def _decode_step(self, ids, positions, state, k, want_logits):
-        *out, kc, vc, _ = self._decode(self.w, jnp.asarray(ids), jnp.asarray(positions), *state, k=k,
-                                       want_logits=want_logits, window=attention_window(positions, state[0].shape[3]))
-        return (*out, (kc, vc))
+        x, kc, vc, _ = self._decode(self.w, jnp.asarray(ids), jnp.asarray(positions), *state,
+                                    window=attention_window(positions, state[0].shape[3]))
+        return (*self._head(self.w, x, k=k, want_logits=want_logits), (kc, vc))
 
     def _shrink_step(self, state, keep):
         return self._gather(*state, jnp.asarray(keep))
@@ -280,10 +288,8 @@ class MegakernelEngine(Engine):
         tokens, lengths, S = pad(prompts, 1)
         ids = np.zeros(len(lengths), np.int32)
         ids[:n] = next_ids
-        *_, kc, vc = self._prefill(self.w, jnp.asarray(tokens), jnp.asarray(lengths), slots=S, k=1,
-                                   want_logits=False)
-        *_, taps = self._decode(self.w, jnp.asarray(ids), jnp.asarray(lengths), kc, vc, k=1, want_logits=False,
-                                want_taps=True)
+        _, kc, vc = self._prefill(self.w, jnp.asarray(tokens), jnp.asarray(lengths), slots=S)
+        *_, taps = self._decode(self.w, jnp.asarray(ids), jnp.asarray(lengths), kc, vc, want_taps=True)
         return np.asarray(taps).transpose(1, 0, 2)[:n]
 
 

@@ -74,15 +74,15 @@ class ReferenceEngine(Engine):
         self.params = device_params(weights, dtype)
         c = self.config
         self._score = jax.jit(partial(self._score_impl, c), static_argnames="want_taps")
-        self._prefill = jax.jit(partial(self._prefill_impl, c), static_argnames=("k", "want_logits"),
-                                donate_argnums=(3, 4))
-        self._decode = jax.jit(partial(self._decode_impl, c), static_argnames=("k", "want_logits"),
-                               donate_argnums=(3, 4))
+        # Every step is two programs: the model (keyed by shapes) and the head (log-softmax, top-k; keyed
+        # by k and want_logits), so a caller's k or want_logits never recompiles the model.
+        self._prefill = jax.jit(partial(self._prefill_impl, c), donate_argnums=(3, 4))
+        self._decode = jax.jit(partial(self._decode_impl, c), donate_argnums=(3, 4))
+        self._head = jax.jit(self._pick, static_argnames=("k", "want_logits"))
         self._grow = jax.jit(lambda kc, vc, slots: (
             [jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0))) for x in kc],
             [jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0))) for x in vc]), static_argnames="slots")
-        self._extend = jax.jit(partial(self._extend_impl, c), static_argnames=("k", "want_logits"),
-                               donate_argnums=(4, 5))
+        self._extend = jax.jit(partial(self._extend_impl, c), donate_argnums=(4, 5))
         self._seed = jax.jit(self._seed_impl, static_argnames=("batch", "slots"))
         self._gather = jax.jit(lambda kc, vc, keep: ([x[keep] for x in kc], [x[keep] for x in vc]))
         self._put = jax.jit(lambda kc, vc, rk, rv, where, src: (
@@ -108,17 +108,17 @@ class ReferenceEngine(Engine):
         return nxt, top_i, top_v, (logits if want_logits else None)
 
     @classmethod
-    def _prefill_impl(cls, c, p, tokens, lengths, kc, vc, k, want_logits):
-        return cls._extend_impl(c, p, tokens, lengths, 0, kc, vc, k, want_logits, fresh=True)
+    def _prefill_impl(cls, c, p, tokens, lengths, kc, vc):
+        return cls._extend_impl(c, p, tokens, lengths, 0, kc, vc, fresh=True)
 
     @classmethod
-    def _extend_impl(cls, c, p, tokens, lengths, start, kc, vc, k, want_logits, fresh=False):
+    def _extend_impl(cls, c, p, tokens, lengths, start, kc, vc, fresh=False):
         """Prefill suffixes [B, T] at positions start.. over a cache already holding the prefix
-        (fresh: start is 0 and the cache is empty)."""
+        (fresh: start is 0 and the cache is empty). Returns each row's last logits [B, V] and the caches."""
         B, T = tokens.shape
         positions = start + jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         last, kc, vc, _ = model.forward(p, c, tokens, positions, kc, vc, logit_index=lengths - 1, fresh=fresh)
-        return (*cls._pick(last, k, want_logits), kc, vc)
+        return last, kc, vc
 
     @staticmethod
     def _seed_impl(pk, pv, batch, slots):
@@ -129,9 +129,9 @@ class ReferenceEngine(Engine):
         return [grow(x) for x in pk], [grow(x) for x in pv]
 
     @classmethod
-    def _decode_impl(cls, c, p, tokens, positions, kc, vc, k, want_logits):
+    def _decode_impl(cls, c, p, tokens, positions, kc, vc):
         logits, kc, vc, _ = model.forward(p, c, tokens[:, None], positions[:, None], kc, vc)
-        return (*cls._pick(logits[:, 0], k, want_logits), kc, vc)
+        return logits[:, 0], kc, vc
 
     @property
     def fingerprint(self) -> str:
@@ -194,9 +194,8 @@ class ReferenceEngine(Engine):
 
     def _prefill_step(self, tokens, lengths, slots, k, want_logits):
         kc, vc = self.new_cache(tokens.shape[0], cache_slots(tokens.shape[1], slots))
-        *out, kc, vc = self._prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths), kc, vc,
-                                     k=k, want_logits=want_logits)
-        return (*out, (kc, vc))
+        logits, kc, vc = self._prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths), kc, vc)
+        return (*self._head(logits, k=k, want_logits=want_logits), (kc, vc))
 
     def _extend_step(self, prefix, tokens, lengths, slots, k, want_logits):
         """Prefill only the suffixes; the shared prefix's K/V is computed once and kept (one entry:
@@ -210,9 +209,9 @@ class ReferenceEngine(Engine):
         pk, pv = self._prefix[1]
         need = max(len(prefix) + tokens.shape[1], pk[0].shape[2])  # the prefix's (bucketed) cache fits whole
         kc, vc = self._seed(pk, pv, batch=tokens.shape[0], slots=cache_slots(need, slots))
-        *out, kc, vc = self._extend(self.params, jnp.asarray(tokens), jnp.asarray(lengths),
-                                    jnp.int32(len(prefix)), kc, vc, k=k, want_logits=want_logits)
-        return (*out, (kc, vc))
+        logits, kc, vc = self._extend(self.params, jnp.asarray(tokens), jnp.asarray(lengths),
+                                      jnp.int32(len(prefix)), kc, vc)
+        return (*self._head(logits, k=k, want_logits=want_logits), (kc, vc))
 
     def _insert_step(self, state, rows, where, src, batch, slots):
         """Rows src of a fresh prefill's cache into batch rows where (continuous batching); the smaller
@@ -234,9 +233,8 @@ class ReferenceEngine(Engine):
         need = cache_slots(int(np.max(positions)) + 1, 1 << 30)
         if need > state[0][0].shape[2]:  # the cache grows by buckets as the rows advance
             state = self._grow(*state, slots=need)
-        *out, kc, vc = self._decode(self.params, jnp.asarray(ids), jnp.asarray(positions), *state,
-                                    k=k, want_logits=want_logits)
-        return (*out, (kc, vc))
+        logits, kc, vc = self._decode(self.params, jnp.asarray(ids), jnp.asarray(positions), *state)
+        return (*self._head(logits, k=k, want_logits=want_logits), (kc, vc))
 
     def new_cache(self, batch: int, slots: int) -> tuple[list, list]:
         """Empty K and V caches: per layer [batch, K, slots, hd]."""

@@ -93,9 +93,8 @@ def test_kv_slots_past_written_positions_untouched(mini_moe, interpret):
     kc0 = rng.standard_normal(shape).astype(np.float32)
     vc0 = rng.standard_normal(shape).astype(np.float32)
     pos = np.array([3, 17, 0, 31], np.int32)
-    out = eng._decode(eng.w, jnp.asarray([5, 6, 7, 8]), jnp.asarray(pos), jnp.asarray(kc0), jnp.asarray(vc0),
-                      k=1, want_logits=False)
-    kc, vc = np.asarray(out[4]), np.asarray(out[5])
+    out = eng._decode(eng.w, jnp.asarray([5, 6, 7, 8]), jnp.asarray(pos), jnp.asarray(kc0), jnp.asarray(vc0))
+    kc, vc = np.asarray(out[1]), np.asarray(out[2])
     written = np.zeros(shape, bool)
     for b, p in enumerate(pos):
         written[:, b, :, p, :] = True
