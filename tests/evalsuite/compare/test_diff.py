@@ -31,9 +31,15 @@ def test_faithful_megakernel_passes(smollm2, dtype):
     assert r["batch_invariance"]["batch"] == 4  # batch 1 vs batch 4 reported
 
 
+# final_norm_eps is below float32 noise on smollm2 (its final hidden states are large): no rule catches it in
+# the detection table's 64 prompts (README), so a FAIL here would be news; strict xfail says so if it comes
+SUB_NOISE = pytest.mark.xfail(strict=True, reason="sub-noise on smollm2: measured by benchmarks/detection.py")
+
+
 @pytest.mark.heavy
 # every dense fault but batch_variant (only --require batch-invariance sees it: test_batch_invariance)
-@pytest.mark.parametrize("fault", [f for f in FAULTS if BY_NAME[f].needs != "moe" and f != "batch_variant"])
+@pytest.mark.parametrize("fault", [pytest.param(f, marks=SUB_NOISE) if f == "final_norm_eps" else f
+                                   for f in FAULTS if BY_NAME[f].needs != "moe" and f != "batch_variant"])
 def test_each_fault_fails_on_smollm2(smollm2, fault):
     r = run_diff(DiffSpec(model="smollm2-135m", fault=fault, **QUICK)).to_json()
     assert r["verdict"] == "FAIL"
