@@ -6,3 +6,8 @@ class ModelError(ValueError):
 
     The message names the bad value and what was expected; the CLI prints it as one line.
     """
+
+
+class UnsupportedModel(ModelError):
+    """An engine does not implement a layer feature the model uses (for example the megakernel and a Gemma
+    model). Commands that run over every known model skip such a model, saying so; naming it is an error."""

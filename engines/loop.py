@@ -49,6 +49,11 @@ def cache_slots(need: int, slots: int) -> int:
     return min(next_bucket(need, MIN_WINDOW), slots)
 
 
+def slots_for(need: int) -> int:
+    """Batch-cache slots for need: a power of two, at least MIN_WINDOW (one attention tile)."""
+    return next_pow2(need, MIN_WINDOW)
+
+
 def batches(lengths: Sequence[int], max_rows: int, token_budget: int = PREFILL_TOKEN_BUDGET) -> list[list[int]]:
     """Split rows (in order) into calls of at most max_rows rows and token_budget padded tokens
     (a row longer than the budget runs alone)."""
@@ -71,7 +76,7 @@ def pad(prompts: Sequence[Sequence[int]], extra: int):
     B = next_pow2(n)  # pad the batch too: 1..8 rows compile 4 shapes, not 8
     lengths = np.array([len(p) for p in prompts] + [1] * (B - n), np.int32)
     Tb = next_bucket(int(lengths.max()), MIN_PREFILL_BUCKET)
-    S = next_pow2(max(Tb, int(lengths.max()) + extra), MIN_WINDOW)
+    S = slots_for(max(Tb, int(lengths.max()) + extra))
     tokens = np.zeros((B, Tb), np.int32)
     for r, p in enumerate(prompts):
         tokens[r, :len(p)] = p
@@ -93,9 +98,9 @@ def stream_slots(prompts: Sequence[Sequence[int]], max_new: int, prefix_len: int
     P = prefix_len
     longest = max(len(p) - P for p in prompts)
     if P:
-        return next_pow2(max(next_pow2(P, MIN_PREFILL_BUCKET), P + next_bucket(longest, MIN_PREFILL_BUCKET),
-                             P + longest + max_new), MIN_WINDOW)
-    return next_pow2(max(next_bucket(longest, MIN_PREFILL_BUCKET), longest + max_new), MIN_WINDOW)
+        return slots_for(max(next_pow2(P, MIN_PREFILL_BUCKET), P + next_bucket(longest, MIN_PREFILL_BUCKET),
+                             P + longest + max_new))
+    return slots_for(max(next_bucket(longest, MIN_PREFILL_BUCKET), longest + max_new))
 
 
 def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,

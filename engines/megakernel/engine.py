@@ -23,7 +23,7 @@ from engines.base import (
     source_fingerprint,
     use_compile_cache,
 )
-from engines.errors import ModelError
+from engines.errors import ModelError, UnsupportedModel
 from engines.loop import (
     MIN_PREFILL_BUCKET,
     MIN_WINDOW,
@@ -104,6 +104,9 @@ class MegakernelEngine(Engine):
             raise ModelError(f"fault {fault} needs a MoE model; {weights.config.name} is dense")
         if interpret not in INTERPRET_MODES:
             raise ModelError(f"unknown interpret mode {interpret!r}; expected one of {INTERPRET_MODES}")
+        if weights.config.features():  # the kernel implements the Llama/Qwen3 and DeepSeek-style MoE layer only
+            raise UnsupportedModel(f"the megakernel does not implement {', '.join(weights.config.features())} "
+                             f"(model {weights.config.name}); use --engine reference, or another engine")
         c = self.config = weights.config
         self.name = "megakernel"
         use_compile_cache()
@@ -141,8 +144,7 @@ class MegakernelEngine(Engine):
         # and lowered the whole Pallas kernel again for every (k, want_logits) a caller used (generate's
         # top-5, teacher forcing's logits), about 1.6 s each for mini-llama even from the persistent cache.
         self._decode = jax.jit(self._decode_impl, static_argnames=("want_taps", "window"), donate_argnums=(3, 4))
-        self._head = jax.jit(self._head_impl, static_argnames=("k", "want_logits"))
-        self._prefill_head = jax.jit(self._prefill_head_impl, static_argnames=("k", "want_logits"))
+        self._head = jax.jit(self._head_impl, static_argnames=("k", "want_logits", "decode"))
 
     def _rope_tables(self, theta: float) -> dict:
         c = self.config
@@ -163,7 +165,7 @@ class MegakernelEngine(Engine):
         return jnp.argmax(logits, axis=-1).astype(jnp.int32), top_i, top_v, (logits if want_logits else None)
 
     def _prefill_impl(self, w, tokens, lengths, slots):
-        """Each row's last hidden state [B, D] (its logits come from _prefill_head) and the caches."""
+        """Each row's last hidden state [B, D] (its logits come from _head) and the caches."""
         x, kc, vc, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots)
         return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0], kc, vc
 
@@ -171,9 +173,6 @@ class MegakernelEngine(Engine):
         x, kc, vc, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots,
                                       prefix=(prefix_k, prefix_v))
         return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0], kc, vc
-
-    def _prefill_head_impl(self, w, x, k, want_logits):
-        return self._pick(self._logits(w, x), k, want_logits)  # the prefill's final norm is never faulted
 
     def _score_impl(self, w, tokens, want_taps):
         x, _, _, taps = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens,
@@ -193,8 +192,10 @@ class MegakernelEngine(Engine):
         x = w["embed"][ids].astype(F32)
         return decode_layers(spec, w["hbm"], x, pos, kc, vc, w["rope_decode"])
 
-    def _head_impl(self, w, x, k, want_logits):
-        return self._pick(self._logits(w, x, self.final_eps), k, want_logits)
+    def _head_impl(self, w, x, k, want_logits, decode):
+        """Final norm, logits and top-k of hidden states [B, D]. Only the kernel's (decode) head takes a
+        final-norm fault: the prefill is XLA and never faulted."""
+        return self._pick(self._logits(w, x, self.final_eps if decode else None), k, want_logits)
 
     # ---- the protocol --------------------------------------------------------------------------
     @property
@@ -226,7 +227,7 @@ class MegakernelEngine(Engine):
 
     def _prefill_step(self, tokens, lengths, slots, k, want_logits):
         x, kc, vc = self._prefill(self.w, jnp.asarray(tokens), jnp.asarray(lengths), slots=slots)
-        return (*self._prefill_head(self.w, x, k=k, want_logits=want_logits), (kc, vc))
+        return (*self._head(self.w, x, k=k, want_logits=want_logits, decode=False), (kc, vc))
 
     def _extend_step(self, prefix, tokens, lengths, slots, k, want_logits):
         """Prefill only the rows' suffixes over a prefix they all share (lm-eval's fixed few-shot
@@ -238,12 +239,12 @@ class MegakernelEngine(Engine):
             kc, vc = self._prefix_kv(self.w, jnp.asarray(ptoks))
             self._prefix = (prefix, (kc[:, :, :, :P], vc[:, :, :, :P]))
         x, kc, vc = self._extend(self.w, *self._prefix[1], jnp.asarray(tokens), jnp.asarray(lengths), slots=slots)
-        return (*self._prefill_head(self.w, x, k=k, want_logits=want_logits), (kc, vc))
+        return (*self._head(self.w, x, k=k, want_logits=want_logits, decode=False), (kc, vc))
 
     def _decode_step(self, ids, positions, state, k, want_logits):
         x, kc, vc, _ = self._decode(self.w, jnp.asarray(ids), jnp.asarray(positions), *state,
                                     window=attention_window(positions, state[0].shape[3]))
-        return (*self._head(self.w, x, k=k, want_logits=want_logits), (kc, vc))
+        return (*self._head(self.w, x, k=k, want_logits=want_logits, decode=True), (kc, vc))
 
     def _shrink_step(self, state, keep):
         return self._gather(*state, jnp.asarray(keep))
