@@ -10,7 +10,12 @@ import dataclasses
 from dataclasses import dataclass
 
 ROPE_STYLES = ("interleaved", "half")  # (2i, 2i+1) pairs as llama.cpp stores Q/K; or rotate_half (HF)
-ROUTERS = ("softmax", "sigmoid")  # softmax top-k (Mixtral/Qwen-MoE); biased sigmoid (DeepSeek-V3/Kimi)
+ROUTERS = ("softmax", "sigmoid")  # softmax top-k (Mixtral/Qwen-MoE/gpt-oss); biased sigmoid (DeepSeek-V3/Kimi)
+NORM_STYLES = ("plain", "gemma")  # RMSNorm scale w (Llama) or 1 + w (Gemma: weights stored as offsets)
+MLP_ACTS = ("silu", "gelu_tanh")  # SwiGLU (Llama/Qwen) or GeGLU with tanh-approximated GELU (Gemma)
+EXPERT_ACTS = ("swiglu", "gptoss")  # gpt-oss: clamped gate * sigmoid(alpha * gate) * (up + 1)
+LAYER_KINDS = ("full", "sliding")
+ROPE_SCALINGS = ("linear", "llama3", "yarn")
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,27 @@ class Config:
     router: str = "softmax"
     norm_topk: bool = True  # renormalise the selected experts' weights to sum to 1
     routed_scale: float = 1.0  # multiplier on the routed experts' weights (DeepSeek-V3: 2.5)
+    # ---- the wider families (Qwen2, Gemma 2/3, gpt-oss). Every default is the Llama behaviour. ----
+    attn_bias: bool = False  # q/k/v projections carry biases (Qwen2, gpt-oss)
+    o_bias: bool = False  # the output projection carries a bias (gpt-oss)
+    layer_kinds: tuple[str, ...] = ()  # per layer "full" or "sliding"; () = every layer full
+    sliding_window: int = 0  # a sliding layer's query at p sees positions p - window + 1 .. p
+    rope_theta_local: float = 0.0  # RoPE base of the sliding layers (Gemma 3: 10,000); 0 = rope_theta
+    # RoPE scaling of the full layers, as (key, value) pairs: ("type", "linear"|"llama3"|"yarn") and that
+    # type's parameters (factor, original_max_position_embeddings, low/high_freq_factor, beta_fast/slow, ...)
+    rope_scaling: tuple[tuple[str, object], ...] = ()
+    norm_style: str = "plain"
+    post_norms: bool = False  # Gemma 2/3: a norm after attention and after the MLP, before each residual add
+    mlp_act: str = "silu"
+    embed_scale: bool = False  # Gemma: embeddings multiplied by sqrt(hidden)
+    query_scale: float = 0.0  # attention scores scaled by query_scale**-0.5 (Gemma's query_pre_attn_scalar); 0 = hd
+    attn_softcap: float = 0.0  # Gemma 2: scores -> cap * tanh(scores / cap); 0 = off
+    final_softcap: float = 0.0  # Gemma 2: logits -> cap * tanh(logits / cap); 0 = off
+    attn_sinks: bool = False  # gpt-oss: one learned logit per head joins every softmax denominator
+    expert_act: str = "swiglu"
+    expert_bias: bool = False  # gpt-oss: the experts' projections carry biases
+    swiglu_alpha: float = 1.702  # gpt-oss expert_act only
+    swiglu_limit: float = 7.0  # gpt-oss expert_act only
 
     def __post_init__(self) -> None:
         if self.family not in ("dense", "moe"):
@@ -53,6 +79,19 @@ class Config:
             raise ValueError(f"n_heads {self.n_heads} not a multiple of n_kv_heads {self.n_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        choices = (("norm_style", self.norm_style, NORM_STYLES), ("mlp_act", self.mlp_act, MLP_ACTS),
+                   ("expert_act", self.expert_act, EXPERT_ACTS))
+        for field_, value, allowed in choices:
+            if value not in allowed:
+                raise ValueError(f"{field_} must be one of {allowed}, got {value!r}")
+        if self.layer_kinds:
+            if len(self.layer_kinds) != self.n_layers or set(self.layer_kinds) - set(LAYER_KINDS):
+                raise ValueError(f"layer_kinds must list {self.n_layers} of {LAYER_KINDS}, got {self.layer_kinds}")
+            if "sliding" in self.layer_kinds and self.sliding_window < 1:
+                raise ValueError("sliding layers need sliding_window >= 1")
+        scaling = dict(self.rope_scaling)
+        if scaling and scaling.get("type") not in ROPE_SCALINGS:
+            raise ValueError(f"rope_scaling type must be one of {ROPE_SCALINGS}, got {scaling.get('type')!r}")
         if self.family == "moe":
             if not (0 < self.top_k <= self.n_experts):
                 raise ValueError(f"need 0 < top_k <= n_experts, got {self.top_k}, {self.n_experts}")
@@ -78,6 +117,21 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def kind(self, layer: int) -> str:
+        """"full" or "sliding" for this layer."""
+        return self.layer_kinds[layer] if self.layer_kinds else "full"
+
+    def features(self) -> list[str]:
+        """The fields set away from the Llama/DeepSeek defaults (an engine that implements only those refuses
+        a model that names any: engines.megakernel)."""
+        base = Config(name="", family="dense", vocab_size=1, hidden=1, n_layers=1, n_heads=1, n_kv_heads=1,
+                      head_dim=2, ffn=1, rope_theta=1.0, rms_eps=1.0, max_context=1, tie_embeddings=False)
+        wide = ("attn_bias", "o_bias", "layer_kinds", "sliding_window", "rope_theta_local", "rope_scaling",
+                "norm_style", "post_norms", "mlp_act", "embed_scale", "query_scale", "attn_softcap",
+                "final_softcap", "attn_sinks", "expert_act", "expert_bias")
+        mine, theirs = self.to_dict(), base.to_dict()
+        return [f for f in wide if mine[f] != theirs[f] and not (f == "layer_kinds" and set(mine[f]) == {"full"})]
 
 
 MINI_LLAMA = Config(

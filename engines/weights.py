@@ -11,6 +11,11 @@ Layout (float32 numpy, matrices stored (in, out) so activations multiply on the 
     router [Lm, D, E]   router_bias [Lm, E]                      MoE layers
     e_gate, e_up [Lm, E, D, Fm]   e_down [Lm, E, Fm, D]
     s_gate, s_up [Lm, D, Fs]      s_down [Lm, Fs, D]             (n_shared_experts > 0)
+    bq [L, H*hd]   bk, bv [L, K*hd]                              (Config.attn_bias)
+    bo [L, D]                                                    (Config.o_bias)
+    post_attn_norm, post_mlp_norm [L, D]                         (Config.post_norms; mlp_norm is the pre-MLP one)
+    sinks [L, H]                                                 (Config.attn_sinks)
+    e_gate_b, e_up_b [Lm, E, Fm]   e_down_b [Lm, E, D]           (Config.expert_bias)
 
 Ld = Config.n_dense_layers (the first layers), Lm = Config.n_moe_layers (the rest).
 Q and K columns follow Config.rope_style: a GGUF file keeps llama.cpp's interleaved order.
@@ -70,6 +75,14 @@ def expected_shapes(c: Config) -> dict[str, tuple[int, ...]]:
     if c.qk_norm:
         s["q_norm"] = (L, hd)
         s["k_norm"] = (L, hd)
+    if c.attn_bias:
+        s.update(bq=(L, c.q_size), bk=(L, c.kv_size), bv=(L, c.kv_size))
+    if c.o_bias:
+        s["bo"] = (L, D)
+    if c.post_norms:
+        s.update(post_attn_norm=(L, D), post_mlp_norm=(L, D))
+    if c.attn_sinks:
+        s["sinks"] = (L, c.n_heads)
     Ld, Lm = c.n_dense_layers, c.n_moe_layers
     if Ld:
         s.update(gate=(Ld, D, c.ffn), up=(Ld, D, c.ffn), down=(Ld, c.ffn, D))
@@ -77,6 +90,8 @@ def expected_shapes(c: Config) -> dict[str, tuple[int, ...]]:
         E, Fm = c.n_experts, c.moe_ffn
         s.update(router=(Lm, D, E), router_bias=(Lm, E),
                  e_gate=(Lm, E, D, Fm), e_up=(Lm, E, D, Fm), e_down=(Lm, E, Fm, D))
+        if c.expert_bias:
+            s.update(e_gate_b=(Lm, E, Fm), e_up_b=(Lm, E, Fm), e_down_b=(Lm, E, D))
         if c.n_shared_experts:
             Fs = c.n_shared_experts * Fm
             s.update(s_gate=(Lm, D, Fs), s_up=(Lm, D, Fs), s_down=(Lm, Fs, D))

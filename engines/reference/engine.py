@@ -29,10 +29,12 @@ from engines.weights import Weights
 
 MAX_BATCH = 32  # rows per device call; larger prompt lists run in chunks
 PER_LAYER_SKIP = ("embed", "lm_head", "final_norm")
+# Kept in float32 in every mode, like the norms: they are added, not multiplied into a matmul.
+F32_ARRAYS = ("router_bias", "bq", "bk", "bv", "bo", "sinks", "e_gate_b", "e_up_b", "e_down_b")
 
 
 def device_params(weights: Weights, dtype: str) -> dict:
-    """Weights on the device in dtype (norm weights and router bias stay float32).
+    """Weights on the device in dtype (norm weights, biases and sinks stay float32).
 
     Stacked per-layer arrays become Python lists of per-layer arrays: XLA on CPU copies a slice of
     a stacked [L, ...] parameter before a matmul, which made decode 13x slower than reading
@@ -40,7 +42,7 @@ def device_params(weights: Weights, dtype: str) -> dict:
     """
     out: dict = {}
     for k, v in weights.arrays.items():
-        dt = jnp.float32 if k.endswith("norm") or k == "router_bias" else jnp.dtype(dtype)
+        dt = jnp.float32 if k.endswith("norm") or k in F32_ARRAYS else jnp.dtype(dtype)
         out[k] = (jnp.asarray(v, dtype=dt) if k in PER_LAYER_SKIP
                   else [jnp.asarray(layer, dtype=dt) for layer in v])
     return out

@@ -17,22 +17,27 @@ import jax
 import jax.numpy as jnp
 
 from engines.config import Config
+from engines.reference import rope
 
 f32 = jnp.float32
 
 
-def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
-    """x / sqrt(mean(x^2) + eps) * w over the last axis, in float32."""
+def rms_norm(x: jax.Array, w: jax.Array, eps: float, style: str = "plain") -> jax.Array:
+    """x / sqrt(mean(x^2) + eps) * w over the last axis, in float32 (style "gemma": * (1 + w))."""
     x32 = x.astype(f32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return y * w.astype(f32)
+    return y * (w.astype(f32) + 1.0 if style == "gemma" else w.astype(f32))
 
 
-def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """positions [B, T] -> cos, sin [B, T, 1, hd/2]; frequency i is theta^(-2i/hd)."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=f32) / head_dim))
-    angle = positions.astype(f32)[..., None] * inv_freq  # [B, T, hd/2]
-    return jnp.cos(angle)[:, :, None, :], jnp.sin(angle)[:, :, None, :]
+def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float, inv_freq=None,
+                 factor: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """positions [B, T] -> cos, sin [B, T, 1, hd/2]; frequency i is theta^(-2i/hd), or inv_freq when
+    given (a scaled RoPE: engines.reference.rope), and both multiplied by factor (YaRN's attention factor)."""
+    if inv_freq is None:
+        inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=f32) / head_dim))
+    angle = positions.astype(f32)[..., None] * jnp.asarray(inv_freq, f32)  # [B, T, hd/2]
+    cos, sin = jnp.cos(angle)[:, :, None, :], jnp.sin(angle)[:, :, None, :]
+    return (cos, sin) if factor == 1.0 else (cos * f32(factor), sin * f32(factor))
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, style: str) -> jax.Array:
@@ -48,11 +53,15 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, style: str) -> jax.
     return out
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array) -> jax.Array:
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, window: int = 0,
+              scale: float = 0.0, softcap: float = 0.0, sinks: jax.Array | None = None) -> jax.Array:
     """Grouped-query causal attention over a cache.
 
     q [B, T, H, hd]; k, v [B, K, S, hd] (slot s holds position s); q_pos [B, T].
-    A query at position p sees slots 0..p. Returns [B, T, H*hd].
+    A query at position p sees slots 0..p (with window > 0 only p - window + 1..p: a sliding layer).
+    Scores are q.k / sqrt(hd), or q.k * scale when given; softcap > 0 maps them to cap * tanh(s / cap)
+    before the mask; sinks [H] (one logit per head) join each softmax's denominator only.
+    Returns [B, T, H*hd].
     The G = H/K query heads of one kv head are stacked as G*T rows of one batched matmul
     (kv-head-major cache: 4x faster on CPU than a [B, S, K, hd] cache, measured at B=32, S=256).
     """
@@ -63,11 +72,23 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array) -> jax
     # Attention runs in float32 whatever the activation dtype (XLA on CPU has no bf16 x bf16 -> f32
     # batched dot, and the cache is small next to the weights).
     qg, k, v = qg.astype(f32), k.astype(f32), v.astype(f32)
-    scores = jnp.einsum("bkqd,bksd->bkqs", qg, k) / jnp.sqrt(f32(hd))
-    visible = jnp.arange(S)[None, None, :] <= q_pos[:, :, None]  # [B, T, S]
+    scores = jnp.einsum("bkqd,bksd->bkqs", qg, k)
+    scores = scores * f32(scale) if scale else scores / jnp.sqrt(f32(hd))
+    if softcap:
+        scores = f32(softcap) * jnp.tanh(scores / f32(softcap))
+    slot = jnp.arange(S)[None, None, :]
+    visible = slot <= q_pos[:, :, None]  # [B, T, S]
+    if window:
+        visible = visible & (slot > q_pos[:, :, None] - window)
     visible = jnp.broadcast_to(visible[:, None, None], (B, 1, G, T, S)).reshape(B, 1, G * T, S)
     scores = jnp.where(visible, scores, -jnp.inf)
-    probs = jax.nn.softmax(scores, axis=-1)
+    if sinks is None:
+        probs = jax.nn.softmax(scores, axis=-1)
+    else:  # head h = kv head h // G, group member h % G: the [K, G] layout of the stacked rows
+        sink = jnp.broadcast_to(sinks.astype(f32).reshape(1, K, G, 1, 1), (1, K, G, T, 1)).reshape(1, K, G * T, 1)
+        top = jnp.maximum(jnp.max(scores, axis=-1, keepdims=True), sink)
+        e = jnp.exp(scores - top)
+        probs = e / (jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(sink - top))
     out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
     out = out.reshape(B, K, G, T, hd).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, hd]
     return out.reshape(B, T, H * hd)
@@ -78,19 +99,20 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array) -> jax
 PREFILL_QUERY_BLOCK = 256
 
 
-def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array) -> jax.Array:
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array, **options) -> jax.Array:
     """Causal attention of T fresh tokens at positions 0..T-1 among themselves (nothing cached before).
 
     q [B, T, H, hd]; k, v [B, T, K, hd]; positions [B, T] (= 0..T-1). Returns [B, T, H*hd], the same
     as attention() over a cache holding exactly these keys; queries run in blocks of
     PREFILL_QUERY_BLOCK, each over the keys up to its own last position (the rest are masked anyway).
+    options: attention()'s window, scale, softcap and sinks.
     """
     T = q.shape[1]
     kk, vv = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, hd]: the cache layout
     outs = []
     for a in range(0, T, PREFILL_QUERY_BLOCK):
         b = min(a + PREFILL_QUERY_BLOCK, T)
-        outs.append(attention(q[:, a:b], kk[:, :, :b], vv[:, :, :b], positions[:, a:b]))
+        outs.append(attention(q[:, a:b], kk[:, :, :b], vv[:, :, :b], positions[:, a:b], **options))
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
@@ -104,21 +126,31 @@ def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=f32)
 
 
-def swiglu(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:
-    """down(silu(x @ gate) * (x @ up))."""
-    return matmul(jax.nn.silu(matmul(x, gate)) * matmul(x, up), down)
+def swiglu(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array, act: str = "silu") -> jax.Array:
+    """down(act(x @ gate) * (x @ up)); act "silu" (SwiGLU) or "gelu_tanh" (GeGLU, tanh-approximated GELU)."""
+    g = matmul(x, gate)
+    g = jax.nn.silu(g) if act == "silu" else jax.nn.gelu(g, approximate=True)
+    return matmul(g * matmul(x, up), down)
+
+
+def gptoss_glu(gate: jax.Array, up: jax.Array, alpha: float, limit: float) -> jax.Array:
+    """gpt-oss's expert activation: gate clamped above at limit, up to [-limit, limit], then
+    gate * sigmoid(alpha * gate) * (up + 1)."""
+    gate = jnp.minimum(gate, f32(limit))
+    up = jnp.clip(up, -f32(limit), f32(limit))
+    return gate * jax.nn.sigmoid(gate * f32(alpha)) * (up + 1.0)
 
 
 def route(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -> jax.Array:
     """Expert weights [..., E], zero outside each token's top-k.
 
-    softmax router: choose and weigh by softmax(logits).
+    softmax router: choose and weigh by softmax(logits + bias) (gpt-oss's router has a bias; Qwen's none).
     sigmoid router (DeepSeek-V3): choose by sigmoid(logits) + bias, weigh by sigmoid(logits).
     Then optionally renormalise the k weights to sum 1, and scale by routed_scale.
     """
     logits = jnp.matmul(x.astype(f32), router.astype(f32))
     if c.router == "softmax":
-        scores = jax.nn.softmax(logits, axis=-1)
+        scores = jax.nn.softmax(logits + bias.astype(f32), axis=-1)
         choice = scores
     else:
         scores = jax.nn.sigmoid(logits)
@@ -133,15 +165,21 @@ def route(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -> jax.Ar
 
 
 def moe(x: jax.Array, p: dict, m: int, c: Config) -> jax.Array:
-    """Routed experts (every expert evaluated, weighted by route's sparse weights) + shared expert."""
+    """Routed experts (every expert evaluated, weighted by route's sparse weights) + shared expert.
+    expert_act "gptoss": biased projections and gptoss_glu."""
     gates = route(x, p["router"][m], p["router_bias"][m], c)  # [B, T, E]
     # Operands widened to float32 after rounding to the weight dtype: exactly the products of bf16
     # inputs with f32 accumulation (XLA on CPU has no bf16 x bf16 -> f32 batched contraction).
     wd = p["e_gate"][m].dtype
     x32 = rounded(x, wd)
-    h = (jax.nn.silu(jnp.einsum("btd,edf->btef", x32, p["e_gate"][m].astype(f32)))
-         * jnp.einsum("btd,edf->btef", x32, p["e_up"][m].astype(f32)))
+    g = jnp.einsum("btd,edf->btef", x32, p["e_gate"][m].astype(f32))
+    u = jnp.einsum("btd,edf->btef", x32, p["e_up"][m].astype(f32))
+    if c.expert_bias:
+        g, u = g + p["e_gate_b"][m].astype(f32), u + p["e_up_b"][m].astype(f32)
+    h = gptoss_glu(g, u, c.swiglu_alpha, c.swiglu_limit) if c.expert_act == "gptoss" else jax.nn.silu(g) * u
     y = jnp.einsum("btef,efd->bted", rounded(h, wd), p["e_down"][m].astype(f32))
+    if c.expert_bias:
+        y = y + p["e_down_b"][m].astype(f32)
     out = jnp.einsum("bte,bted->btd", gates, y)
     if c.n_shared_experts:
         out = out + swiglu(x, p["s_gate"][m], p["s_up"][m], p["s_down"][m])
@@ -165,35 +203,52 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
     B, T = tokens.shape
     k_cache, v_cache = list(k_cache), list(v_cache)
     x = p["embed"][tokens].astype(f32)  # [B, T, D], the float32 residual stream
-    cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta)
+    if c.embed_scale:
+        x = x * f32(c.hidden ** 0.5)
+    ropes = {kind: rope_cos_sin(positions, c.head_dim, *rope.inv_freq(c, kind))
+             for kind in {c.kind(i) for i in range(c.n_layers)}}
     rows = jnp.arange(B)[:, None]  # [B, 1], broadcast with positions for the cache scatter
+    eps, style = c.rms_eps, c.norm_style
     taps = []
     for layer in range(c.n_layers):
-        h = rms_norm(x, p["attn_norm"][layer], c.rms_eps)
-        q = matmul(h, p["wq"][layer]).reshape(B, T, c.n_heads, c.head_dim)
-        k = matmul(h, p["wk"][layer]).reshape(B, T, c.n_kv_heads, c.head_dim)
-        v = matmul(h, p["wv"][layer]).reshape(B, T, c.n_kv_heads, c.head_dim)
+        cos, sin = ropes[c.kind(layer)]
+        h = rms_norm(x, p["attn_norm"][layer], eps, style)
+        q, k, v = matmul(h, p["wq"][layer]), matmul(h, p["wk"][layer]), matmul(h, p["wv"][layer])
+        if c.attn_bias:
+            q, k, v = q + p["bq"][layer], k + p["bk"][layer], v + p["bv"][layer]
+        q = q.reshape(B, T, c.n_heads, c.head_dim)
+        k = k.reshape(B, T, c.n_kv_heads, c.head_dim)
+        v = v.reshape(B, T, c.n_kv_heads, c.head_dim)
         if c.qk_norm:
-            q = rms_norm(q, p["q_norm"][layer], c.rms_eps)
-            k = rms_norm(k, p["k_norm"][layer], c.rms_eps)
+            q = rms_norm(q, p["q_norm"][layer], eps, style)
+            k = rms_norm(k, p["k_norm"][layer], eps, style)
         q = apply_rope(q, cos, sin, c.rope_style)
         k = apply_rope(k, cos, sin, c.rope_style)
         # advanced indices (rows, positions) around a slice: the update is shaped [B, T, K, hd]
         k_cache[layer] = k_cache[layer].at[rows, :, positions].set(k.astype(k_cache[layer].dtype))
         v_cache[layer] = v_cache[layer].at[rows, :, positions].set(v.astype(v_cache[layer].dtype))
-        attn = (causal_attention(q, k, v, positions) if fresh
-                else attention(q, k_cache[layer], v_cache[layer], positions))
-        x = x + matmul(attn, p["wo"][layer])
-        h = rms_norm(x, p["mlp_norm"][layer], c.rms_eps)
+        options = dict(window=c.sliding_window if c.kind(layer) == "sliding" else 0,
+                       scale=c.query_scale ** -0.5 if c.query_scale else 0.0, softcap=c.attn_softcap,
+                       sinks=p["sinks"][layer] if c.attn_sinks else None)
+        attn = (causal_attention(q, k, v, positions, **options) if fresh
+                else attention(q, k_cache[layer], v_cache[layer], positions, **options))
+        out = matmul(attn, p["wo"][layer])
+        if c.o_bias:
+            out = out + p["bo"][layer]
+        x = x + (rms_norm(out, p["post_attn_norm"][layer], eps, style) if c.post_norms else out)
+        h = rms_norm(x, p["mlp_norm"][layer], eps, style)
         if layer < c.n_dense_layers:
-            x = x + swiglu(h, p["gate"][layer], p["up"][layer], p["down"][layer])
+            out = swiglu(h, p["gate"][layer], p["up"][layer], p["down"][layer], c.mlp_act)
         else:
-            x = x + moe(h, p, layer - c.n_dense_layers, c)
+            out = moe(h, p, layer - c.n_dense_layers, c)
+        x = x + (rms_norm(out, p["post_mlp_norm"][layer], eps, style) if c.post_norms else out)
         if want_taps:
             taps.append(x.astype(f32))
     if logit_index is not None:
         x = jnp.take_along_axis(x, logit_index[:, None, None], axis=1)[:, 0]  # [B, D]
-    x = rms_norm(x, p["final_norm"], c.rms_eps)
+    x = rms_norm(x, p["final_norm"], eps, style)
     head = p["embed"] if c.tie_embeddings else p["lm_head"]
     logits = jnp.einsum("...d,vd->...v", x.astype(head.dtype), head, preferred_element_type=f32)
+    if c.final_softcap:
+        logits = f32(c.final_softcap) * jnp.tanh(logits / f32(c.final_softcap))
     return logits, k_cache, v_cache, (jnp.stack(taps) if want_taps else None)
