@@ -1,9 +1,11 @@
 """Load a Hugging Face checkpoint directory (config.json + *.safetensors) into float32 Weights.
 
-Supported: model_type llama and qwen3 (dense), qwen3_moe (softmax router) and deepseek_v3 with
-plain q/k/v attention (biased sigmoid router, shared experts, first_k_dense_replace). Not
-supported, each a clear error: multi-head latent attention (DeepSeek-V3/Kimi MLA tensors),
-grouped routing (n_group > 1), RoPE scaling, attention biases.
+Supported model_types: llama, qwen2, qwen3 (dense), qwen3_moe (softmax router), deepseek_v3 with plain
+q/k/v attention (biased sigmoid router, shared experts, first_k_dense_replace), gemma2, gemma3_text
+(Gemma3ForCausalLM) and gpt_oss (MXFP4 experts dequantised on load). RoPE scaling: linear, llama3, yarn,
+read from transformers 5's `rope_parameters` or the older `rope_theta` + `rope_scaling`. Not supported,
+each a one-line error naming it: multi-head latent attention (DeepSeek-V3/Kimi MLA tensors), grouped
+routing (n_group > 1), other RoPE scalings, Qwen2's own sliding window, MLP biases.
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ from engines.config import Config
 from engines.errors import ModelError
 from engines.weights import Weights
 
-SUPPORTED = ("llama", "qwen3", "qwen3_moe", "deepseek_v3")
+SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "gemma2", "gemma3_text", "gpt_oss")
+GEMMA = ("gemma2", "gemma3_text")
+LAYER_KIND = {"full_attention": "full", "sliding_attention": "sliding"}
+ROPE_KEYS = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                               "original_max_position_embeddings"),
+             "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor",
+                      "mscale", "mscale_all_dim", "truncate")}
 
 
 def _require(cfg: dict, key: str, path: Path):
@@ -27,42 +35,114 @@ def _require(cfg: dict, key: str, path: Path):
     return cfg[key]
 
 
+def _rope(params: dict | None, path: Path) -> tuple[float | None, tuple]:
+    """(rope_theta or None, Config.rope_scaling pairs) from one rope_parameters / rope_scaling dict."""
+    if not params:
+        return None, ()
+    kind = params.get("rope_type") or params.get("type") or "default"
+    theta = params.get("rope_theta")
+    if kind == "default":
+        return theta, ()
+    if kind not in ROPE_KEYS:
+        raise ModelError(f"{path}: RoPE scaling {kind!r} is not supported (supported: {', '.join(ROPE_KEYS)})")
+    return theta, (("type", kind),) + tuple((k, params[k]) for k in ROPE_KEYS[kind] if params.get(k) is not None)
+
+
+def _rope_fields(cfg: dict, path: Path) -> dict:
+    """rope_theta, rope_theta_local and rope_scaling, from either config.json format."""
+    params = cfg.get("rope_parameters")
+    local: dict | None = None
+    if isinstance(params, dict) and "full_attention" in params:  # per layer kind (Gemma 3, transformers 5)
+        params, local = params.get("full_attention"), params.get("sliding_attention")
+    if params is None:  # transformers 4: rope_theta + rope_scaling (+ Gemma 3's rope_local_base_freq)
+        params = dict(cfg.get("rope_scaling") or {}, rope_theta=cfg.get("rope_theta", 10000.0))
+        if cfg.get("rope_local_base_freq"):
+            local = {"rope_type": "default", "rope_theta": cfg["rope_local_base_freq"]}
+    theta, scaling = _rope(params, path)
+    theta_local, local_scaling = _rope(local, path)
+    if local_scaling:
+        raise ModelError(f"{path}: RoPE scaling on the sliding layers is not supported")
+    return dict(rope_theta=float(theta or 10000.0), rope_theta_local=float(theta_local or 0.0), rope_scaling=scaling)
+
+
+def _layer_kinds(cfg: dict, mt: str, n_layers: int) -> tuple[str, ...]:
+    if cfg.get("layer_types"):
+        return tuple(LAYER_KIND.get(k, k) for k in cfg["layer_types"])
+    if mt == "gemma2":  # transformers 4: sliding, full, sliding, ...
+        return tuple("sliding" if i % 2 == 0 else "full" for i in range(n_layers))
+    if mt == "gemma3_text":  # every sliding_window_pattern-th layer is full
+        n = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
+        return tuple("full" if (i + 1) % n == 0 else "sliding" for i in range(n_layers))
+    return ()
+
+
+def _family_fields(cfg: dict, mt: str, path: Path) -> dict:
+    """The Config fields beyond Llama's that each family sets."""
+    out: dict = {}
+    if mt == "qwen2":
+        if cfg.get("use_sliding_window"):
+            raise ModelError(f"{path}: Qwen2's use_sliding_window=true is not supported")
+        out.update(attn_bias=True)
+    elif cfg.get("attention_bias") and mt != "gpt_oss":
+        raise ModelError(f"{path}: attention_bias=true is not supported for {mt}")
+    if cfg.get("mlp_bias"):
+        raise ModelError(f"{path}: mlp_bias=true is not supported")
+    if mt in GEMMA:
+        act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+        if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+            raise ModelError(f"{path}: hidden_activation {act!r} is not supported (Gemma: gelu_pytorch_tanh)")
+        out.update(norm_style="gemma", post_norms=True, mlp_act="gelu_tanh", embed_scale=True,
+                   query_scale=float(cfg.get("query_pre_attn_scalar") or cfg.get("head_dim") or 0),
+                   attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
+                   final_softcap=float(cfg.get("final_logit_softcapping") or 0.0), qk_norm=mt == "gemma3_text")
+    if mt == "gpt_oss":
+        out.update(attn_bias=True, o_bias=True, attn_sinks=True, expert_act="gptoss", expert_bias=True,
+                   swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)), swiglu_limit=float(cfg.get("swiglu_limit", 7.0)))
+    return out
+
+
 def hf_config(cfg: dict, name: str, path: Path) -> Config:
     mt = cfg.get("model_type")
+    if mt == "gemma3":
+        raise ModelError(f"{path}: a multimodal Gemma 3 checkpoint (model_type 'gemma3'); only the text model "
+                         "(Gemma3ForCausalLM, model_type 'gemma3_text') is supported")
     if mt not in SUPPORTED:
         raise ModelError(f"unsupported architecture {mt!r} in {path}/config.json; supported: "
                          + ", ".join(SUPPORTED))
-    if cfg.get("rope_scaling"):
-        raise ModelError(f"{path}: rope_scaling {cfg['rope_scaling']!r} is not supported")
-    if cfg.get("attention_bias"):
-        raise ModelError(f"{path}: attention_bias=true is not supported")
     if mt == "deepseek_v3" and (cfg.get("q_lora_rank") or cfg.get("kv_lora_rank")):
         raise ModelError(f"{path}: multi-head latent attention (q_lora_rank/kv_lora_rank) is not "
                          "supported; only plain q/k/v attention")
     if (cfg.get("n_group") or 1) > 1:
         raise ModelError(f"{path}: grouped expert routing (n_group={cfg['n_group']}) is not supported")
+    quant = (cfg.get("quantization_config") or {}).get("quant_method")
+    if quant and not (quant == "mxfp4" and mt == "gpt_oss"):
+        raise ModelError(f"{path}: quantization {quant!r} is not supported (only gpt-oss's mxfp4 experts)")
     D = int(_require(cfg, "hidden_size", path))
     H = int(_require(cfg, "num_attention_heads", path))
+    L = int(_require(cfg, "num_hidden_layers", path))
+    kinds = _layer_kinds(cfg, mt, L)
     common = dict(
-        name=name, vocab_size=int(_require(cfg, "vocab_size", path)), hidden=D,
-        n_layers=int(_require(cfg, "num_hidden_layers", path)), n_heads=H,
+        name=name, vocab_size=int(_require(cfg, "vocab_size", path)), hidden=D, n_layers=L, n_heads=H,
         n_kv_heads=int(cfg.get("num_key_value_heads") or H),
         head_dim=int(cfg.get("head_dim") or D // H),
         ffn=int(_require(cfg, "intermediate_size", path)),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
         rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         max_context=int(cfg.get("max_position_embeddings", 4096)),
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", mt in GEMMA)),
         rope_style="half", qk_norm=mt in ("qwen3", "qwen3_moe"),
-    )
+        layer_kinds=kinds, sliding_window=int(cfg.get("sliding_window") or 0) if "sliding" in kinds else 0,
+        **_rope_fields(cfg, path))
+    common.update(_family_fields(cfg, mt, path))
     try:
-        if mt in ("llama", "qwen3"):
+        if mt in ("llama", "qwen2", "qwen3") + GEMMA:
             return Config(family="dense", **common)
-        if mt == "qwen3_moe":
-            return Config(family="moe", n_experts=int(cfg["num_experts"]),
-                          top_k=int(cfg["num_experts_per_tok"]), moe_ffn=int(cfg["moe_intermediate_size"]),
+        if mt in ("qwen3_moe", "gpt_oss"):
+            experts = "num_experts" if mt == "qwen3_moe" else "num_local_experts"
+            ffn = "moe_intermediate_size" if mt == "qwen3_moe" else "intermediate_size"
+            return Config(family="moe", n_experts=int(cfg[experts]),
+                          top_k=int(cfg["num_experts_per_tok"]), moe_ffn=int(cfg[ffn]),
                           n_shared_experts=0, first_dense=0, router="softmax",
-                          norm_topk=bool(cfg.get("norm_topk_prob", False)), routed_scale=1.0, **common)
+                          norm_topk=bool(cfg.get("norm_topk_prob", mt == "gpt_oss")), routed_scale=1.0, **common)
         return Config(family="moe", n_experts=int(cfg["n_routed_experts"]),
                       top_k=int(cfg["num_experts_per_tok"]), moe_ffn=int(cfg["moe_intermediate_size"]),
                       n_shared_experts=int(cfg.get("n_shared_experts") or 0),
@@ -95,6 +175,29 @@ def _read_tensors(path: Path) -> tuple[dict[str, np.ndarray], str]:
     return tensors, h.hexdigest()
 
 
+def _gptoss_experts(pre: list[str], names, get, stack) -> dict[str, np.ndarray]:
+    """gpt-oss's router and experts. The checkpoint fuses gate and up into gate_up_proj [E, D, 2F] with the
+    two interleaved (gate = even columns, up = odd), stored as MXFP4 blocks + scales (the released
+    checkpoints) or as plain floats (a dequantised copy)."""
+    from engines.mxfp4 import dequantize
+
+    def experts(p: str, name: str) -> np.ndarray:  # [E, in, out]
+        key = p + f"mlp.experts.{name}"
+        if key + "_blocks" in names:
+            return dequantize(get(key + "_blocks", raw=True), get(key + "_scales", raw=True))
+        return get(key)
+
+    gate_up = np.stack([experts(p, "gate_up_proj") for p in pre])  # [L, E, D, 2F]
+    gate_up_b = stack([p + "mlp.experts.gate_up_proj_bias" for p in pre])  # [L, E, 2F]
+    return {"router": stack([p + "mlp.router.weight" for p in pre], True),
+            "router_bias": stack([p + "mlp.router.bias" for p in pre]),
+            "e_gate": np.ascontiguousarray(gate_up[..., 0::2]), "e_up": np.ascontiguousarray(gate_up[..., 1::2]),
+            "e_gate_b": np.ascontiguousarray(gate_up_b[..., 0::2]),
+            "e_up_b": np.ascontiguousarray(gate_up_b[..., 1::2]),
+            "e_down": np.stack([experts(p, "down_proj") for p in pre]),
+            "e_down_b": stack([p + "mlp.experts.down_proj_bias" for p in pre])}
+
+
 def load_hf(path: Path, name: str | None = None) -> Weights:
     path = Path(path)
     cfg_file = path / "config.json"
@@ -108,11 +211,11 @@ def load_hf(path: Path, name: str | None = None) -> Weights:
     t, digest = _read_tensors(path)
     used: set[str] = set()
 
-    def get(key: str, transpose: bool = False) -> np.ndarray:
+    def get(key: str, transpose: bool = False, raw: bool = False) -> np.ndarray:
         if key not in t:
             raise ModelError(f"{path}: missing tensor {key!r}")
         used.add(key)
-        a = np.asarray(t[key], dtype=np.float32)
+        a = t[key] if raw else np.asarray(t[key], dtype=np.float32)
         return a.T if transpose else a
 
     def stack(keys: list[str], transpose: bool = False) -> np.ndarray:
@@ -120,15 +223,28 @@ def load_hf(path: Path, name: str | None = None) -> Weights:
 
     L, Ld = c.n_layers, c.n_dense_layers
     pre = [f"model.layers.{i}." for i in range(L)]
+    gemma = c.post_norms
     a: dict[str, np.ndarray] = {
         "embed": get("model.embed_tokens.weight"), "final_norm": get("model.norm.weight"),
         "attn_norm": stack([p + "input_layernorm.weight" for p in pre]),
-        "mlp_norm": stack([p + "post_attention_layernorm.weight" for p in pre]),
+        # Gemma's post_attention_layernorm follows attention; its pre_feedforward_layernorm is the MLP's input norm
+        "mlp_norm": stack([p + ("pre_feedforward_layernorm.weight" if gemma else "post_attention_layernorm.weight")
+                           for p in pre]),
         "wq": stack([p + "self_attn.q_proj.weight" for p in pre], True),
         "wk": stack([p + "self_attn.k_proj.weight" for p in pre], True),
         "wv": stack([p + "self_attn.v_proj.weight" for p in pre], True),
         "wo": stack([p + "self_attn.o_proj.weight" for p in pre], True),
     }
+    if gemma:
+        a["post_attn_norm"] = stack([p + "post_attention_layernorm.weight" for p in pre])
+        a["post_mlp_norm"] = stack([p + "post_feedforward_layernorm.weight" for p in pre])
+    if c.attn_bias:
+        for ours, theirs in (("bq", "q_proj"), ("bk", "k_proj"), ("bv", "v_proj")):
+            a[ours] = stack([p + f"self_attn.{theirs}.bias" for p in pre])
+    if c.o_bias:
+        a["bo"] = stack([p + "self_attn.o_proj.bias" for p in pre])
+    if c.attn_sinks:
+        a["sinks"] = stack([p + "self_attn.sinks" for p in pre])
     if not c.tie_embeddings:
         a["lm_head"] = get("lm_head.weight")
     if c.qk_norm:
@@ -137,7 +253,9 @@ def load_hf(path: Path, name: str | None = None) -> Weights:
     if Ld:
         for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
             a[ours] = stack([p + f"mlp.{theirs}.weight" for p in pre[:Ld]], True)
-    if c.n_moe_layers:
+    if c.n_moe_layers and c.expert_act == "gptoss":
+        a.update(_gptoss_experts(pre, t, get, stack))
+    elif c.n_moe_layers:
         moe = pre[Ld:]
         a["router"] = stack([p + "mlp.gate.weight" for p in moe], True)
         bias_key = "mlp.gate.e_score_correction_bias"
