@@ -1,0 +1,211 @@
+"""The oracle rung of the ladder: tiny seeded checkpoints of each HF architecture the reference supports,
+and transformers' own greedy decode of them.
+
+Runs in the side environment (bash benchmarks/install_hf.sh; torch never enters .venv):
+
+    .venv-hf/bin/python benchmarks/hf_oracle.py            # every architecture
+    .venv-hf/bin/python benchmarks/hf_oracle.py --only mini-gemma3
+
+For each architecture it writes
+  engines/minis/<name>/config.json + model.safetensors   the checkpoint (float32; gpt-oss experts in MXFP4,
+                                                          as the real checkpoints ship them)
+  tests/engines/oracle/<name>.json                        transformers' greedy tokens and top-5 logprobs
+The tests (tests/engines/test_oracle.py, no torch) load each checkpoint with evalsuite's own loader and
+must reproduce the oracle. The mini models in `evalsuite models` (mini-qwen2, mini-gemma2, mini-gemma3,
+mini-gptoss) are these checkpoints.
+
+Weights are drawn with torch.Generator(seed) in sorted parameter order, scaled so that greedy decoding
+has clear margins (transformers' own init, std 0.02, gives near-uniform logits whose argmax is decided
+by rounding); the smallest top-1/top-2 logprob gap of each run is recorded in the oracle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from safetensors.torch import save_file
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED = 20261201
+N_NEW = 16
+# Prompt lengths: short, past every sliding window (8), and past gpt-oss's YaRN original context (64).
+PROMPT_LENGTHS = (5, 13, 23, 41, 70)
+VOCAB = 320  # the byte tokenizer's vocabulary (engines.tokenizer.byte_tokenizer): the minis are usable as text models
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=16, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def configs() -> dict:
+    t = transformers
+    slide4 = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+    return {
+        "mini-qwen2": t.Qwen2Config(**COMMON, intermediate_size=128, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        "mini-gemma2": t.Gemma2Config(**COMMON, intermediate_size=128, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                      hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24,
+                                      sliding_window=8, layer_types=slide4, attn_logit_softcapping=50.0,
+                                      final_logit_softcapping=30.0,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        "mini-gemma3": t.Gemma3TextConfig(
+            **COMMON, intermediate_size=128, rms_norm_eps=1e-6, tie_word_embeddings=True,
+            hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24, sliding_window=8,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+        "mini-gptoss": t.GptOssConfig(
+            **{**COMMON, "max_position_embeddings": 256}, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2, rms_norm_eps=1e-5,
+            tie_word_embeddings=False, sliding_window=8, layer_types=slide4, attention_bias=True,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "original_max_position_embeddings": 64, "truncate": False}),
+        # not a registry mini: the llama3-style RoPE scaling (Llama 3.1), on the plain Llama layer. With head_dim 16,
+        # theta 10,000 and original 64, two of the 8 frequencies fall in the smoothed middle band (wavelengths
+        # 19.9 and 62.8 between 64/4 and 64/1), one is kept and five are divided by the factor.
+        "tiny-llama31-rope": t.LlamaConfig(
+            **COMMON, intermediate_size=128, rms_norm_eps=1e-5, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    }
+
+
+def init_weights(model: torch.nn.Module, gemma_norms: bool, seed: int) -> None:
+    """Seeded weights with decisive logits (see the module docstring)."""
+    g = torch.Generator().manual_seed(seed)
+    D = model.config.hidden_size
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            r = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            if name.endswith("norm.weight") or "layernorm" in name:
+                v = 0.1 * r if gemma_norms else 1.0 + 0.1 * r
+            elif name.endswith("sinks"):
+                v = r
+            elif "bias" in name:
+                v = 0.1 * r
+            elif "embed_tokens" in name:
+                v = r / math.sqrt(D) if gemma_norms else r  # Gemma multiplies embeddings by sqrt(D)
+            elif name.startswith("lm_head"):
+                v = 4.0 * r / math.sqrt(D)
+            elif "router" in name:
+                v = 4.0 * r / math.sqrt(D)
+            elif "experts.gate_up_proj" in name:  # [E, D, 2F]; 4x: some gate and up values pass swiglu_limit (7)
+                v = 4.0 * r / math.sqrt(p.shape[1])
+            elif "experts.down_proj" in name:  # [E, F, D]
+                v = 0.5 * r / math.sqrt(p.shape[1])
+            else:  # nn.Linear [out, in]
+                v = (0.5 if ("o_proj" in name or "down_proj" in name) else 1.0) * r / math.sqrt(p.shape[1])
+            p.copy_(v)
+        if model.config.tie_word_embeddings:
+            model.tie_weights()
+
+
+FP4 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def mxfp4_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [E, out, in] -> (blocks uint8 [E, out, in/32, 16], scales uint8 [E, out, in/32]): each block of 32
+    inputs shares a power-of-two scale (E8M0, bias 127) with its largest value at most 6; values round to
+    the nearest FP4 (E2M1) number, two per byte, the first in the low nibble (OCP MX format)."""
+    E, O, In = w.shape
+    b = w.reshape(E, O, In // 32, 32)
+    amax = b.abs().amax(-1, keepdim=True).clamp_min(1e-30)
+    exp = torch.ceil(torch.log2(amax / 6.0))
+    scaled = b / torch.exp2(exp)
+    idx = (scaled[..., None] - FP4).abs().argmin(-1).to(torch.uint8)  # nearest code (ties: the first)
+    blocks = idx[..., 0::2] | (idx[..., 1::2] << 4)
+    return blocks, (exp[..., 0] + 127).to(torch.uint8)
+
+
+def mxfp4_experts(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Quantise every expert matrix to MXFP4, put transformers' own dequantisation of it back into the model
+    (so the oracle runs on exactly what the checkpoint holds), and return the packed tensors to save."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    packed = {}
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            ex = layer.mlp.experts
+            for attr in ("gate_up_proj", "down_proj"):
+                w = getattr(ex, attr)  # [E, in, out]
+                blocks, scales = mxfp4_quantize(w.transpose(1, 2).contiguous())
+                getattr(ex, attr).copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+                key = f"model.layers.{i}.mlp.experts.{attr}"
+                packed[key + "_blocks"], packed[key + "_scales"] = blocks, scales
+    return packed
+
+
+def greedy(model, prompt: list[int]) -> dict:
+    """Greedy decode N_NEW tokens, each step a full forward over the whole sequence (no cache: the plainest
+    path through transformers' code). Records each step's top-5 ids and log-probabilities."""
+    seq, steps = list(prompt), []
+    with torch.no_grad():
+        for _ in range(N_NEW):
+            logits = model(torch.tensor([seq])).logits[0, -1].double()
+            logp = torch.log_softmax(logits, -1)
+            top = torch.topk(logp, 5)
+            steps.append({"top_ids": top.indices.tolist(), "top_logprobs": top.values.tolist(),
+                          "gap": float(top.values[0] - top.values[1])})
+            seq.append(int(top.indices[0]))
+    return {"prompt": prompt, "tokens": seq[len(prompt):], "steps": steps}
+
+
+def build(name: str, cfg) -> None:
+    torch.manual_seed(SEED)
+    cfg._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
+    init_weights(model, gemma_norms=cfg.model_type.startswith("gemma"), seed=SEED)
+    out = ROOT / "engines" / "minis" / name
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if cfg.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    if cfg.model_type == "gpt_oss":
+        packed = mxfp4_experts(model)
+        tensors = {k: v.contiguous() for k, v in model.state_dict().items()
+                   if not k.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+        tensors.update(packed)
+    model.config.save_pretrained(out)
+    if cfg.model_type == "gpt_oss":  # declare the MXFP4 experts as the real checkpoints do
+        raw = json.loads((out / "config.json").read_text())
+        raw["quantization_config"] = {"quant_method": "mxfp4",
+                                      "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                                 "model.embed_tokens", "lm_head"]}
+        (out / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    rng = np.random.default_rng(SEED)
+    runs = [greedy(model, rng.integers(3, VOCAB, size=n).tolist()) for n in PROMPT_LENGTHS]
+    oracle = {"name": name, "architecture": cfg.architectures[0] if cfg.architectures else type(model).__name__,
+              "model_type": cfg.model_type, "seed": SEED, "n_new": N_NEW,
+              "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+              "min_gap": min(s["gap"] for r in runs for s in r["steps"]), "runs": runs}
+    dest = ROOT / "tests" / "engines" / "oracle" / f"{name}.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(oracle, indent=1) + "\n")
+    size = sum(f.stat().st_size for f in out.iterdir())
+    print(f"{name}: {type(model).__name__}, {size / 1e6:.2f} MB, min top-1/top-2 gap {oracle['min_gap']:.2e}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", action="append", help="build only this architecture (repeatable)")
+    args = ap.parse_args()
+    cfgs = configs()
+    unknown = sorted(set(args.only or []) - set(cfgs))
+    if unknown:
+        print(f"error: unknown architecture {unknown[0]!r}; expected one of {', '.join(cfgs)}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(2)
+    for name, cfg in cfgs.items():
+        if not args.only or name in args.only:
+            build(name, cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
