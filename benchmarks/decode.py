@@ -80,13 +80,45 @@ def step_seconds(eng, batch: int, steps: int, slots: int = 256, context: int = 1
     return float(np.median(times)), eng._decode._cache_size() - before
 
 
+def floors(names: list[str], steps: int, as_json: bool) -> None:
+    """Per model: the reference's float32 decode ms/token at batch 1 (32-token context, 128-slot cache) and the
+    floor (its weight bytes / this machine's read bandwidth, measured in the same run)."""
+    from engines.errors import ModelError
+    from engines.reference import ReferenceEngine
+    from evalsuite.registry import load_model
+
+    bw = read_bandwidth_gbs()
+    rows = []
+    for name in names:
+        try:
+            m = load_model(name)
+        except ModelError as e:
+            raise SystemExit(f"error: {e}") from None
+        s, _ = step_seconds(ReferenceEngine(m.weights, "float32"), 1, steps, slots=128, context=32)
+        floor = m.weights.nbytes / (bw * 1e9)
+        rows.append({"model": name, "weight_bytes": m.weights.nbytes, "floor_ms": floor * 1e3, "ms_per_token": s * 1e3,
+                     "ratio_to_floor": s / floor})
+    if as_json:
+        print(json.dumps({"read_bandwidth_GBps": bw, "models": rows}, indent=1))
+        return
+    print(f"read bandwidth {bw:.1f} GB/s (numpy sum of 1 GiB, best of 5)")
+    for r in rows:
+        print(f"{r['model']:<20} {r['weight_bytes'] / 1e6:8.1f} MB f32  floor {r['floor_ms']:7.1f} ms/token  "
+              f"reference {r['ms_per_token']:7.1f} ms/token ({r['ratio_to_floor']:.2f}x floor)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--cold", action="store_true",
                     help="also time a fresh process's first generate, cache empty/filled")
+    ap.add_argument("--models", default=None,
+                    help="comma-separated models: only the reference's batch-1 decode against the floor, per model "
+                         "(e.g. gemma3-270m,qwen2.5-coder-0.5b after install.sh --models ...)")
     args = ap.parse_args()
+    if args.models:
+        return floors(args.models.split(","), args.steps, args.json)
 
     from engines.megakernel import MegakernelEngine
     from engines.reference import ReferenceEngine

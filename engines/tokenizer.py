@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from engines.errors import ModelError
 
@@ -54,13 +54,24 @@ class TextTokenizer:
         return self.tok.get_vocab_size(with_added_tokens=True)
 
 
+# Qwen2's pre-tokenizer split (its tokenizer.json; llama.cpp's "qwen2" pre-tokenizer): GPT-4-style words,
+# every digit alone, punctuation runs with trailing newlines, whitespace runs.
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+               r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
 def _bpe_tokenizer(vocab: dict[str, int], merges: list[tuple[str, str]], specials: list[str],
-                   split_digits: bool) -> Tokenizer:
+                   pre: str) -> Tokenizer:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if split_digits:  # SmolLM2's "smollm" pre-tokenizer: each digit alone, then GPT-2's regex
+    if pre == "smollm":  # SmolLM2's "smollm" pre-tokenizer: each digit alone, then GPT-2's regex
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True), byte_level])
+    elif pre == "qwen2":
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     else:
         tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
@@ -75,14 +86,14 @@ def gguf_tokenizer(reader) -> TextTokenizer:
     if model != "gpt2":
         raise ModelError(f"unsupported GGUF tokenizer model {model!r}: only 'gpt2' (byte-level BPE)")
     pre = f["tokenizer.ggml.pre"].contents() if "tokenizer.ggml.pre" in f else "default"
-    if pre not in ("smollm", "default", "gpt2"):
+    if pre not in ("smollm", "default", "gpt2", "qwen2"):
         raise ModelError(f"unsupported GGUF pre-tokenizer {pre!r}")
     tokens = f["tokenizer.ggml.tokens"].contents()
     types = f["tokenizer.ggml.token_type"].contents()
     merges = [tuple(m.split(" ", 1)) for m in f["tokenizer.ggml.merges"].contents()]
     vocab = {t: i for i, t in enumerate(tokens)}
     specials = [t for t, ty in zip(tokens, types) if ty == 3]  # 3 = CONTROL
-    tok = _bpe_tokenizer(vocab, merges, specials, split_digits=(pre == "smollm"))
+    tok = _bpe_tokenizer(vocab, merges, specials, pre)
     eos = int(f["tokenizer.ggml.eos_token_id"].contents())
     bos = int(f["tokenizer.ggml.bos_token_id"].contents()) if "tokenizer.ggml.bos_token_id" in f else None
     add_bos = "tokenizer.ggml.add_bos_token" in f and bool(f["tokenizer.ggml.add_bos_token"].contents())
@@ -98,7 +109,7 @@ def byte_tokenizer() -> TextTokenizer:
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=lambda ch: _byte_of(ch))
     vocab = {s: i for i, s in enumerate(MINI_SPECIALS)}
     vocab.update({ch: 3 + i for i, ch in enumerate(alphabet)})
-    tok = _bpe_tokenizer(vocab, [], MINI_SPECIALS, split_digits=False)
+    tok = _bpe_tokenizer(vocab, [], MINI_SPECIALS, "default")
     return TextTokenizer(tok, CHATML_TEMPLATE, eos_ids=(2,), bos_id=None, add_bos=False)
 
 

