@@ -47,6 +47,18 @@ PROMPTS = [
 ]
 
 
+# Tokenizer edge cases (whitespace runs, tabs, newlines, unicode, control tokens written in the text): transformers'
+# ids for each, recorded beside the decode oracle (--tokenizer-only refreshes just these).
+TOKENIZER_TEXTS = ["  two leading spaces", "tabs\tand\nnewlines\n\n\nthree", "a  b   c    d", "x \n y", " \n\n ",
+                   "\u00e9moji \U0001f642 \u65e5\u672c\u8a9e \u0627\u0644\u0639\u0631\u0628\u064a\u0629",
+                   "<start_of_turn>user\nhi<end_of_turn>\n", "<|im_start|>user\nhi<|im_end|>\n",
+                   "code:\n    if x:\n        return  1", "100,000.50 + 3e-5", "\u00a0nbsp", "trailing   "]
+
+
+def tokenizer_checks(tok) -> list:
+    return [[t, tok(t)["input_ids"]] for t in TOKENIZER_TEXTS]
+
+
 def model_file(name: str) -> Path:
     """The installed GGUF, located by the project's own registry (run in .venv to avoid importing jax here)."""
     out = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-c",
@@ -57,10 +69,17 @@ def model_file(name: str) -> Path:
     return Path(out.stdout.strip())
 
 
-def run(name: str) -> None:
+def run(name: str, tokenizer_only: bool = False) -> None:
     path = model_file(name)
     t0 = time.time()
     tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    dest = ROOT / "tests" / "engines" / "oracle" / "real" / f"{name}.json"
+    if tokenizer_only:
+        oracle = json.loads(dest.read_text())
+        oracle["tokenizer_checks"] = tokenizer_checks(tok)
+        dest.write_text(json.dumps(oracle, indent=1) + "\n")
+        print(f"{name}: {len(TOKENIZER_TEXTS)} tokenizer checks -> {dest.relative_to(ROOT)}")
+        return
     model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
                                                               dtype=torch.float32, attn_implementation="eager").eval()
     load_s = time.time() - t0
@@ -82,8 +101,8 @@ def run(name: str) -> None:
     oracle = {"name": name, "gguf": path.name, "n_new": N_NEW,
               "add_bos": bool(tok("a")["input_ids"][0] == tok.bos_token_id),
               "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-              "seconds": {"load": round(load_s, 1), "decode": round(time.time() - t0, 1)}, "runs": runs}
-    dest = ROOT / "tests" / "engines" / "oracle" / "real" / f"{name}.json"
+              "seconds": {"load": round(load_s, 1), "decode": round(time.time() - t0, 1)}, "runs": runs,
+              "tokenizer_checks": tokenizer_checks(tok)}
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(oracle, indent=1) + "\n")
     print(f"{name}: {len(runs)} prompts x {N_NEW} tokens in {oracle['seconds']['decode']} s "
@@ -93,10 +112,11 @@ def run(name: str) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", action="append", help="this model only (repeatable)")
+    ap.add_argument("--tokenizer-only", action="store_true", help="refresh only the tokenizer checks")
     args = ap.parse_args()
     torch.set_num_threads(2)
     for name in args.only or ["gemma3-270m", "qwen2.5-coder-0.5b"]:
-        run(name)
+        run(name, args.tokenizer_only)
     return 0
 
 

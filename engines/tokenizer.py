@@ -79,12 +79,60 @@ def _bpe_tokenizer(vocab: dict[str, int], merges: list[tuple[str, str]], special
     return tok
 
 
+# Gemma's turn format (a Gemma GGUF without a chat template of its own gets this one).
+GEMMA_TEMPLATE = (
+    "{% for message in messages %}{{'<start_of_turn>' + ('model' if message['role'] == 'assistant' else "
+    "message['role']) + '\n' + message['content'] + '<end_of_turn>\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
+
+
+def _spm_bpe_tokenizer(reader) -> TextTokenizer:
+    """SentencePiece BPE (tokenizer.ggml.model "llama") for Gemma files, which list no merges.
+
+    Rebuilt as the SentencePiece model works: pieces joined greedily by merge priority, with byte fallback
+    (<0xNN> pieces) for what no piece covers, " " written as "▁", no prefix space. The merges are recovered
+    from the vocabulary: every split of a piece into two pieces, the pieces taken in file order (Gemma's scores
+    do not follow its merge order; transformers' GGUF reader documents the same finding and makes the same
+    choice), within a piece the longer left part first. A piece made only of spaces is stored as spaces and
+    looked up as "▁"s. Control pieces are special tokens, user-defined ones ("\n\n", ...) matched whole."""
+    from tokenizers import AddedToken
+
+    f = reader.fields
+    raw = f["tokenizer.ggml.tokens"].contents()
+    types = f["tokenizer.ggml.token_type"].contents()
+    tokens = ["\u2581" * len(t) if t and not t.strip(" ") else t for t in raw]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for piece in tokens:
+        splits = [(piece[:k], piece[k:]) for k in range(len(piece) - 1, 0, -1)]
+        merges.extend(pair for pair in splits if pair[0] in vocab and pair[1] in vocab)
+    unk = tokens[int(f["tokenizer.ggml.unknown_token_id"].contents())] if "tokenizer.ggml.unknown_token_id" in f \
+        else "<unk>"
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t, ty in zip(tokens, types) if ty == 3])
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t, ty, r in zip(tokens, types, raw)
+                    if ty == 4 and t == r])
+    eos = int(f["tokenizer.ggml.eos_token_id"].contents())
+    end_turn = vocab.get("<end_of_turn>")
+    bos = int(f["tokenizer.ggml.bos_token_id"].contents()) if "tokenizer.ggml.bos_token_id" in f else None
+    add_bos = "tokenizer.ggml.add_bos_token" in f and bool(f["tokenizer.ggml.add_bos_token"].contents())
+    template = f["tokenizer.chat_template"].contents() if "tokenizer.chat_template" in f else GEMMA_TEMPLATE
+    return TextTokenizer(tok, template, eos_ids=(eos,) + ((end_turn,) if end_turn is not None else ()),
+                         bos_id=bos, add_bos=add_bos)
+
+
 def gguf_tokenizer(reader) -> TextTokenizer:
-    """Byte-level BPE from tokenizer.ggml.* metadata (gpt2 model; smollm or default pre-tokenizer)."""
+    """From tokenizer.ggml.* metadata: byte-level BPE ("gpt2" model; smollm, qwen2 or default pre-tokenizer),
+    or SentencePiece BPE ("llama" model, as Gemma files carry it)."""
     f = reader.fields
     model = f["tokenizer.ggml.model"].contents()
+    if model == "llama" and "tokenizer.ggml.merges" not in f:
+        return _spm_bpe_tokenizer(reader)
     if model != "gpt2":
-        raise ModelError(f"unsupported GGUF tokenizer model {model!r}: only 'gpt2' (byte-level BPE)")
+        raise ModelError(f"unsupported GGUF tokenizer model {model!r}: 'gpt2' (byte-level BPE) or 'llama' "
+                         "(SentencePiece BPE)")
     pre = f["tokenizer.ggml.pre"].contents() if "tokenizer.ggml.pre" in f else "default"
     if pre not in ("smollm", "default", "gpt2", "qwen2"):
         raise ModelError(f"unsupported GGUF pre-tokenizer {pre!r}")

@@ -69,7 +69,9 @@ def test_real_model_matches_transformers_on_the_same_gguf(path):
 def test_gguf_tokenizer_matches_transformers(path):
     oracle = json.loads(path.read_text())
     model = _model(oracle["name"])
-    if model.tokenizer is None:
-        pytest.skip(f"{oracle['name']}: evalsuite builds no tokenizer for this GGUF's tokenizer model yet")
+    assert model.tokenizer is not None
     for r in oracle["runs"]:
         assert model.tokenizer.encode(r["text"]) == r["prompt"], r["text"]
+    assert len(oracle["tokenizer_checks"]) >= 10
+    for text, ids in oracle["tokenizer_checks"]:  # whitespace runs, unicode, control tokens in the text
+        assert model.tokenizer.encode(text) == ids, text
