@@ -61,7 +61,8 @@ def configs() -> dict:
             rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                              "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
         "mini-gptoss": t.GptOssConfig(
-            **{**COMMON, "max_position_embeddings": 256}, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2, rms_norm_eps=1e-5,
+            **{**COMMON, "max_position_embeddings": 256}, intermediate_size=64, num_local_experts=8,
+            num_experts_per_tok=2, rms_norm_eps=1e-5,
             tie_word_embeddings=False, sliding_window=8, layer_types=slide4, attention_bias=True,
             rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
                              "beta_slow": 1.0, "original_max_position_embeddings": 64, "truncate": False}),
@@ -173,9 +174,8 @@ def build(name: str, cfg) -> None:
     model.config.save_pretrained(out)
     if cfg.model_type == "gpt_oss":  # declare the MXFP4 experts as the real checkpoints do
         raw = json.loads((out / "config.json").read_text())
-        raw["quantization_config"] = {"quant_method": "mxfp4",
-                                      "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
-                                                                 "model.embed_tokens", "lm_head"]}
+        keep = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+        raw["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": keep}
         (out / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     rng = np.random.default_rng(SEED)
