@@ -248,20 +248,38 @@ def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model,
 @click.option("--margin", default=0.02, show_default=True, type=float, help="Non-inferiority margin (share).")
 @click.option("--seed", default=1234, show_default=True, type=int,
               help="lm-eval's few-shot (and numpy, torch) seed; 1234 is lm-eval's own default.")
+@click.option("--shard", default=None, metavar="i/N",
+              help="Run only the items with doc_id %% N == i (own folder and journal); `evalsuite merge` combines "
+                   "the N shards into the unsharded result.")
 @click.option("--json", "as_json", is_flag=True)
 @remote_options
 def run_cmd(task, variant, engine, against, model, limit, data, data_dir, output, dtype, fault, margin, seed,
-            as_json, base_url, served_model, api_key_env, api_timeout) -> None:
+            shard, as_json, base_url, served_model, api_key_env, api_timeout) -> None:
     """Benchmark TASK (gsm8k, gpqa, sanity) on ENGINE and the reference; paired verdict.
     Exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 usage error."""
     from evalsuite.bench.run import RunSpec, run_benchmark
 
     spec = RunSpec(task=task, variant=variant, engine=engine, against=against, model=model, limit=limit,
                    data_dir=_data(data, data_dir), output=output, dtype=dtype, fault=fault, margin=margin, seed=seed,
-                   remote=_remote(base_url, served_model, api_key_env, api_timeout))
+                   remote=_remote(base_url, served_model, api_key_env, api_timeout), shard=shard)
     from evalsuite.report import run_text
 
     r = run_benchmark(spec, _progress).to_json()
+    click.echo(json.dumps(r) if as_json else run_text(r))
+    sys.exit(exit_code(r["verdict"]))
+
+
+@main.command("merge")
+@click.argument("run_dirs", nargs=-1, required=True)
+@click.option("--output", default="runs/merged", show_default=True, help="Folder for the merged result.")
+@click.option("--json", "as_json", is_flag=True)
+def merge_cmd(run_dirs, output, as_json) -> None:
+    """Combine the N shard folders of one `run --shard i/N` into the unsharded run's result and verdict.
+    Exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 usage error (a missing or repeated shard, shards of different runs)."""
+    from evalsuite.bench.merge import merge_runs
+    from evalsuite.report import run_text
+
+    r = merge_runs(list(run_dirs), output).to_json()
     click.echo(json.dumps(r) if as_json else run_text(r))
     sys.exit(exit_code(r["verdict"]))
 

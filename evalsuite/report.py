@@ -22,6 +22,10 @@ def run_text(r: dict) -> str:
              f"  {p['explanation']}"]
     if r.get("settle"):
         lines.append(f"  to settle it: {r['settle']}")
+    if r.get("shard_note"):
+        lines.append(f"  {r['shard_note']}")
+    if r.get("merged_from"):
+        lines.append(f"  merged from {len(r['merged_from'])} shards: {', '.join(r['merged_from'])}")
     lines += [f"  warning: {w}" for w in r.get("warnings", [])]
     return "\n".join(lines)
 

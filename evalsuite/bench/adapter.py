@@ -42,8 +42,12 @@ class EngineLM(TemplateLM):
                  max_length: int = DEFAULT_MAX_LENGTH, batch_size: int | str | None = None,
                  journal: str | None = None, progress: bool = True, base_url: str | None = None,
                  served_model: str | None = None, api_key_env: str | None = None, remote=None,
-                 engine: str | None = None, built=None, **kwargs):
+                 engine: str | None = None, built=None, shard: tuple[int, int] | None = None, **kwargs):
+        """shard (i, N): only the docs with doc_id % N == i are computed; lm-eval still builds every doc's
+        request (so each doc's few-shot exemplars, drawn from one seeded sequence, are those of an unsharded
+        run) and the others get placeholders, which evalsuite.bench.run drops from the records."""
         super().__init__()
+        self.shard = shard
         self.engine_name = engine or self.engine_name
         self.journal = None
         self.live = None  # the progress bar's running tally (bench.live), kept for the result file
@@ -127,13 +131,22 @@ class EngineLM(TemplateLM):
         # _loglikelihood_tokens only the token ids).
         from collections import Counter
 
-        ids = [(r.task_name, r.doc_id) for r in requests]
+        mine = [i for i, r in enumerate(requests) if self._mine(r)]
+        requests_mine = [requests[i] for i in mine]
+        ids = [(r.task_name, r.doc_id) for r in requests_mine]
         per_doc = Counter(ids)  # a doc's requests are its choices
-        self._ll_docs = [(r.doc, d, r.idx, per_doc[d]) for r, d in zip(requests, ids)]
+        self._ll_docs = [(r.doc, d, r.idx, per_doc[d]) for r, d in zip(requests_mine, ids)]
         try:
-            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+            got = super().loglikelihood(requests_mine, disable_tqdm=disable_tqdm) if requests_mine else []
         finally:
             self._ll_docs = None
+        out: list[tuple[float, bool]] = [(0.0, False)] * len(requests)  # other shards' docs: placeholders
+        for i, r in zip(mine, got):
+            out[i] = r
+        return out
+
+    def _mine(self, request) -> bool:
+        return self.shard is None or request.doc_id % self.shard[1] == self.shard[0]
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
         from evalsuite.bench.journal import request_key
@@ -194,6 +207,16 @@ class EngineLM(TemplateLM):
 
     # ---- generation -------------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        if self.shard is not None:  # other shards' docs: placeholders, never computed or journaled
+            mine = [i for i, r in enumerate(requests) if self._mine(r)]
+            got = self._generate([requests[i] for i in mine], disable_tqdm) if mine else []
+            out = [""] * len(requests)
+            for i, text in zip(mine, got):
+                out[i] = text
+            return out
+        return self._generate(requests, disable_tqdm)
+
+    def _generate(self, requests, disable_tqdm: bool) -> list[str]:
         from evalsuite.bench.live import Tally, judge_generation
 
         args = [r.args for r in requests]

@@ -61,8 +61,13 @@ class RunSpec:
     seed: int = LM_EVAL_SEED
     remote: object | None = None  # engines.openai.client.Remote for --engine openai
     engine_options: tuple[tuple[str, str], ...] = ()  # --engine-option KEY=VALUE
+    shard: str | None = None  # "i/N": only the items with doc_id % N == i (evalsuite merge combines the N)
 
     def __post_init__(self):
+        if self.shard is not None:
+            m = re.fullmatch(r"(\d+)/(\d+)", self.shard)
+            if not m or not int(m[1]) < int(m[2]):
+                raise SpecError(f"--shard must be i/N with 0 <= i < N (e.g. 0/4), got {self.shard!r}")
         if self.task not in VARIANTS:
             raise SpecError(f"unknown task {self.task!r}; expected one of {', '.join(VARIANTS)}")
         v = self.variant or DEFAULT_VARIANT[self.task]
@@ -74,6 +79,13 @@ class RunSpec:
             raise SpecError(f"--limit must be >= 1, got {self.limit}")
         if self.against != "reference":
             raise SpecError("--against: only 'reference' is supported")
+
+    @property
+    def shard_of(self) -> tuple[int, int] | None:
+        if self.shard is None:
+            return None
+        i, n = self.shard.split("/")
+        return int(i), int(n)
 
 
 def _resolve_tasks(task: str, data: Data, out: Path) -> Path:
@@ -116,7 +128,7 @@ def _run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks
     eng_dir = out / engine
     eng_dir.mkdir(parents=True, exist_ok=True)
     lm = EngineLM(engine=engine, model=spec.model, dtype=dtype, fault=fault, journal=str(eng_dir / "journal.jsonl"),
-                  remote=spec.remote if built is not None else None, built=built)
+                  remote=spec.remote if built is not None else None, built=built, shard=spec.shard_of)
     try:
         res = lm_eval.simple_evaluate(model=lm, tasks=[name], limit=spec.limit, log_samples=True,
                                       task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False),
@@ -133,6 +145,8 @@ def _run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks
         by_filter.setdefault(s.get("filter", "none"), {})[s["doc_id"]] = s
     records = []
     for doc_id, s in sorted(by_filter[primary].items()):
+        if spec.shard_of is not None and doc_id % spec.shard_of[1] != spec.shard_of[0]:
+            continue  # another shard's item: a placeholder, never computed
         prompt = s["arguments"][0][0] if s["arguments"] else ""
         gen = lm.journal_record(prompt, s["arguments"][0][1]) if isinstance(s["resps"][0][0], str) else {}
         if isinstance(s["resps"][0][0], str):  # generation: the text and what the filter extracted
@@ -150,11 +164,10 @@ def _run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks
         records.append(rec)
     with open(eng_dir / "records.jsonl", "w") as fh:
         fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    acc = float(np.mean([r["correct"] for r in records]))
+    if not records:
+        raise SpecError(f"shard {spec.shard} holds no items (there are fewer items than shards)")
     live = lm.live  # the progress bar's running estimate, kept as a cross-check
-    n_right = sum(r["correct"] for r in records)
-    return {"records": records, "accuracy": acc, "accuracy_ci95": stats.wilson_ci(n_right, len(records)),
-            "live_accuracy": live.right / live.seen if live is not None and live.seen else None,
+    return {"records": records, "live_accuracy": live.right / live.seen if live is not None and live.seen else None,
             "lm_eval_results": str(eng_dir / "lm_eval_results.json"), "primary_filter": primary}
 
 
@@ -188,6 +201,69 @@ def _settle(spec: RunSpec, v: stats.PairedVerdict, bundled: bool, n_items: int) 
     return f"the data holds {n_items} items and PASS needs >= {need} with b={v.b}: a larger set, or a wider --margin"
 
 
+def _dataset(src, data: Path, bundled: bool, n_items: int, spec: RunSpec) -> dict:
+    return {"path": str(data), "source": src.source, "origin": src.origin, "bundled_sample": bundled,
+            "items_in_file": n_items, "sha256": file_sha256(data),
+            "fewshot": None if src.fewshot is None else {
+                "path": str(src.fewshot), "sha256": file_sha256(src.fewshot),
+                "items_in_file": len(load_rows(src.fewshot)), "seed": spec.seed},
+            "note": "BUNDLED SAMPLE written for evalsuite, not the real benchmark" if bundled
+            else "the hub's copy (datasets), cached" if src.source == "hub"
+            else "user-supplied data in the hub schema"}
+
+
+def assemble(spec: RunSpec, engines: dict[str, dict], context: dict, seconds: float) -> dict:
+    """The comparison of two engines' per-item records (the reference's first): the paired verdict and the
+    result file's content. One function for `run` and `merge`, so a merged run is the unsharded one."""
+    (ka, a), (kb, b) = list(engines.items())
+    ids = [r["doc_id"] for r in a["records"]]
+    assert ids == [r["doc_id"] for r in b["records"]], "both engines must see the same items"
+    v = stats.paired_verdict([r["correct"] for r in a["records"]], [r["correct"] for r in b["records"]],
+                             margin=spec.margin)
+    agree = float(np.mean([x["correct"] == y["correct"] for x, y in zip(a["records"], b["records"])]))
+    same_resp = float(np.mean([x["extracted"] == y["extracted"] and (x["generated_tokens"] is None
+                                                                      or x["response"] == y["response"])
+                               for x, y in zip(a["records"], b["records"])]))
+    verdict = v.verdict
+    api_notes = context["api"]
+    not_checked = (api_notes or {}).get("not_checked", [])
+    if verdict == "PASS" and not_checked:
+        verdict = "INCONCLUSIVE"  # nothing unshown may contribute to a PASS
+    result = {
+        "verdict": verdict, "not_checked": not_checked, "task": spec.task,
+        "variant": spec.variant or DEFAULT_VARIANT[spec.task],
+        "dataset": context["dataset"], "items": len(ids), "model": spec.model,
+        "weights_sha256": context["weights_sha256"],
+        "engine_under_test": api_notes, "api": api_notes,
+        "engines": {k: {"accuracy": float(np.mean([r["correct"] for r in e["records"]])),
+                        "accuracy_ci95": stats.wilson_ci(sum(r["correct"] for r in e["records"]), len(e["records"])),
+                        "live_accuracy": e["live_accuracy"],
+                        "primary_filter": e["primary_filter"], "lm_eval_results": e["lm_eval_results"],
+                        "failures": _failures(e["records"], spec.task)} for k, e in engines.items()},
+        "paired": {"b": v.b, "c": v.c, "mcnemar_p": v.mcnemar_p, "loss_p": v.loss_p, "loss_upper": v.loss_upper,
+                   "diff_ci": list(v.diff_ci), "item_agreement": agree, "identical_responses": same_resp,
+                   "margin": v.margin, "alpha": v.alpha, "items_needed": v.items_needed,
+                   "rule_of_three_upper": v.rule_of_three_upper, "explanation": v.explain(),
+                   "meaning": f"b = {ka} right and {kb} wrong; c = {ka} wrong and {kb} right; diff = "
+                              f"accuracy({kb}) - accuracy({ka})"},
+        "warnings": [f"not checked: {n}" for n in not_checked] + (
+            [f"responses differ on {round((1 - same_resp) * len(ids))} of {len(ids)} items although greedy "
+             "decoding of the same prompts should match: run `evalsuite diff` to localise it"]
+            if same_resp < 1 else []),
+        "verdict_rule": v.rule,
+        "settle": _settle(spec, v, context["bundled"], context["n_items"]) if verdict == v.verdict else
+        ("remove what is listed as not checked: a server that takes token-id prompts or has a tokenize "
+         "endpoint, and (for loglikelihood variants) states its echo logprobs come from its decode path "
+         "(evalsuite serve does both), or a generative variant"),
+        "spec": asdict(spec), "seed": spec.seed, "random_seed": LM_EVAL_RANDOM_SEED, "versions": versions(),
+        "seconds": round(seconds, 1),
+    }
+    if spec.shard is not None:
+        result["shard_note"] = (f"shard {spec.shard}: a share of the items; its verdict is of this share only. "
+                                "Combine all shards with `evalsuite merge RUN_DIR...` for the run's verdict")
+    return result
+
+
 def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: None) -> RunResult:
     from evalsuite.registry import load_model
 
@@ -217,54 +293,9 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     engines[spec.against] = _run_engine(spec, spec.against, "float32", None, tasks_dir, out, progress)
     engines[spec.engine if spec.engine != spec.against else spec.engine + "-under-test"] = _run_engine(
         spec, spec.engine, spec.dtype, spec.fault, tasks_dir, out, progress, built)
-    (ka, a), (kb, b) = list(engines.items())
-    ids = [r["doc_id"] for r in a["records"]]
-    assert ids == [r["doc_id"] for r in b["records"]], "both engines must see the same items"
-    v = stats.paired_verdict([r["correct"] for r in a["records"]], [r["correct"] for r in b["records"]],
-                             margin=spec.margin)
-    agree = float(np.mean([x["correct"] == y["correct"] for x, y in zip(a["records"], b["records"])]))
-    same_resp = float(np.mean([x["extracted"] == y["extracted"] and (x["generated_tokens"] is None
-                                                                      or x["response"] == y["response"])
-                               for x, y in zip(a["records"], b["records"])]))
-    verdict = v.verdict
-    not_checked = (api_notes or {}).get("not_checked", [])
-    if verdict == "PASS" and not_checked:
-        verdict = "INCONCLUSIVE"  # nothing unshown may contribute to a PASS
-    result = {
-        "verdict": verdict, "not_checked": not_checked, "task": spec.task,
-        "variant": spec.variant or DEFAULT_VARIANT[spec.task],
-        "dataset": {"path": str(data), "source": src.source, "origin": src.origin, "bundled_sample": bundled,
-                    "items_in_file": n_items, "sha256": file_sha256(data),
-                    "fewshot": None if src.fewshot is None else {
-                        "path": str(src.fewshot), "sha256": file_sha256(src.fewshot),
-                        "items_in_file": len(load_rows(src.fewshot)), "seed": spec.seed},
-                    "note": "BUNDLED SAMPLE written for evalsuite, not the real benchmark" if bundled
-                    else "the hub's copy (datasets), cached" if src.source == "hub"
-                    else "user-supplied data in the hub schema"},
-        "items": len(ids), "model": spec.model, "weights_sha256": model.weights.sha256,
-        "engine_under_test": api_notes, "api": api_notes,
-        "engines": {k: {"accuracy": e["accuracy"], "accuracy_ci95": e["accuracy_ci95"],
-                        "live_accuracy": e["live_accuracy"],
-                        "primary_filter": e["primary_filter"], "lm_eval_results": e["lm_eval_results"],
-                        "failures": _failures(e["records"], spec.task)} for k, e in engines.items()},
-        "paired": {"b": v.b, "c": v.c, "mcnemar_p": v.mcnemar_p, "loss_p": v.loss_p, "loss_upper": v.loss_upper,
-                   "diff_ci": list(v.diff_ci), "item_agreement": agree, "identical_responses": same_resp,
-                   "margin": v.margin, "alpha": v.alpha, "items_needed": v.items_needed,
-                   "rule_of_three_upper": v.rule_of_three_upper, "explanation": v.explain(),
-                   "meaning": f"b = {ka} right and {kb} wrong; c = {ka} wrong and {kb} right; diff = "
-                              f"accuracy({kb}) - accuracy({ka})"},
-        "warnings": [f"not checked: {n}" for n in not_checked] + (
-            [f"responses differ on {round((1 - same_resp) * len(ids))} of {len(ids)} items although greedy "
-             "decoding of the same prompts should match: run `evalsuite diff` to localise it"]
-            if same_resp < 1 else []),
-        "verdict_rule": v.rule,
-        "settle": _settle(spec, v, bundled, n_items) if verdict == v.verdict else
-        ("remove what is listed as not checked: a server that takes token-id prompts or has a tokenize "
-         "endpoint, and (for loglikelihood variants) states its echo logprobs come from its decode path "
-         "(evalsuite serve does both), or a generative variant"),
-        "spec": asdict(spec), "seed": spec.seed, "random_seed": LM_EVAL_RANDOM_SEED, "versions": versions(),
-        "seconds": round(time.time() - t0, 1),
-    }
+    context = {"dataset": _dataset(src, data, bundled, n_items, spec), "weights_sha256": model.weights.sha256,
+               "api": api_notes, "bundled": bundled, "n_items": n_items}
+    result = assemble(spec, engines, context, time.time() - t0)
     write_json(out / "comparison.json", result)
     typed = {k: result.pop(k) for k in ("verdict", "task", "variant", "items", "model", "settle")}
     return RunResult(**typed, not_checked=tuple(result.pop("not_checked")), warnings=tuple(result.pop("warnings")),
