@@ -60,12 +60,14 @@ class ReferenceEngine(Engine):
     capabilities = Capabilities(logits=True, taps=True, forced_path="decode")
     max_batch = MAX_BATCH
     streams_results = True  # continuous batching (engines.loop.greedy_stream)
+    options = ("mesh",)  # --engine-option mesh=tp=2,dp=2: the weights on a JAX mesh (engines.reference.sharding)
 
     @classmethod
     def create(cls, model, options: EngineOptions) -> ReferenceEngine:
-        return cls(model.weights, options.dtype)
+        return cls(model.weights, options.dtype, mesh=options.extra.get("mesh") or None)
 
-    def __init__(self, weights: Weights, dtype: str = "float32"):
+    def __init__(self, weights: Weights, dtype: str = "float32", mesh: str | None = None):
+        """mesh: "tp=2,dp=2"-style axis sizes: the weights go onto a JAX mesh (engines.reference.sharding)."""
         if dtype not in DTYPES:
             raise ModelError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
         self.name = "reference"
@@ -74,6 +76,12 @@ class ReferenceEngine(Engine):
         self.dtype = dtype
         self.weights_sha256 = weights.sha256
         self.params = device_params(weights, dtype)
+        self.mesh = None
+        if mesh:
+            from engines.reference import sharding
+
+            self.mesh = sharding.make_mesh(sharding.parse_mesh(mesh), weights.config)
+            self.params = sharding.place(self.params, self.mesh)
         c = self.config
         self._score = jax.jit(partial(self._score_impl, c), static_argnames="want_taps")
         # Every step is two programs: the model (keyed by shapes) and the head (log-softmax, top-k; keyed
@@ -142,7 +150,7 @@ class ReferenceEngine(Engine):
 
         return source_fingerprint(Path(__file__).parent, {
             "engine": self.name, "dtype": self.dtype, "max_batch": MAX_BATCH, "share_prefix": self.share_prefix,
-            "weights": self.weights_sha256})
+            "weights": self.weights_sha256, "mesh": None if self.mesh is None else dict(self.mesh.shape)})
 
     # ---- the protocol --------------------------------------------------------------------------
     def score(self, seqs: Sequence[Sequence[int]], want_taps: bool = False) -> list[Scored]:
