@@ -156,7 +156,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--resume", action="store_true",
                     help="keep the rows already in --out (same settings) and run only the missing faults")
+    ap.add_argument("--table-only", action="store_true", help="print the Markdown table of --out and stop")
     a = ap.parse_args(argv)
+    if a.table_only:
+        if not Path(a.out).is_file():
+            print(f"error: {a.out} does not exist", file=sys.stderr)
+            return 2
+        print(table(json.loads(Path(a.out).read_text())["rows"]))
+        return 0
     names = [f.name for f in CATALOGUE] if a.faults == "all" else a.faults.split(",")
     unknown = [n for n in names if n not in {f.name for f in CATALOGUE}]
     if unknown:
