@@ -62,7 +62,7 @@ def tokenizer_checks(tok) -> list:
 def model_file(name: str) -> Path:
     """The installed GGUF, located by the project's own registry (run in .venv to avoid importing jax here)."""
     out = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-c",
-                          f"from evalsuite.registry import real_model_path; print(real_model_path({name!r}))"],
+                          f"from evalsuite.real_models import real_model_path; print(real_model_path({name!r}))"],
                          capture_output=True, text=True, check=False)
     if out.returncode:
         raise SystemExit(f"error: {out.stderr.strip().splitlines()[-1]}")

@@ -160,10 +160,3 @@ def describe() -> list[dict]:
             rows.append(dict(name=name, family=entry.family, params=None, source=entry.source, sha256=None,
                              error=str(e)))
     return rows
-
-
-def real_model_path(name: str) -> Path:
-    """For benchmarks/hf_gguf_oracle.py (run from .venv-hf): where an installed real model's GGUF is."""
-    from evalsuite.real_models import real_model_path as path
-
-    return path(name)
