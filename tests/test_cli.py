@@ -112,11 +112,9 @@ def test_base_url_without_engine_openai_is_refused():
 
 
 def test_wider_family_minis_generate_and_the_megakernel_refuses_them():
-    from evalsuite.registry import MINI_CHECKPOINTS
-
-    for name in MINI_CHECKPOINTS:
-        p = run("generate", "--model", name, "--prompt", "ab", "--max-new-tokens", "4", "--no-stop")
-        assert p.returncode == 0, p.stderr
+    # every mini generates in-process in test_golden (goldens); here one through the CLI
+    p = run("generate", "--model", "mini-gemma3", "--prompt", "ab", "--max-new-tokens", "4", "--no-stop")
+    assert p.returncode == 0, p.stderr
     assert_one_line_error(run("generate", "--engine", "megakernel", "--model", "mini-gptoss"),
                           "megakernel does not implement", "attn_sinks", "(model mini-gptoss)")
 

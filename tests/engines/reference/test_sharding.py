@@ -62,13 +62,33 @@ def test_sharded_reference_equals_one_device(name, mesh, tp, ep):
         assert k == 1 or "tp" in spec or "ep" in spec
 
 
-@pytest.mark.parametrize("mesh, message", [("tp=3", "attention heads 4 is not a multiple of 3"),
-                                           ("tp=2,dp=8", "needs 16 devices, 8 exist"),
-                                           ("zz=2", "bad mesh part 'zz=2'"), ("ep=2", "has no experts")])
-def test_bad_meshes_are_one_line_errors(tmp_path, mesh, message):
+ERRORS = r"""
+import json
+from engines.errors import ModelError
+from evalsuite.registry import load_model
+from engines.reference import ReferenceEngine
+w = load_model("mini-llama").weights
+out = []
+for mesh in ("tp=3", "tp=2,dp=8", "zz=2", "ep=2"):
+    try:
+        ReferenceEngine(w, mesh=mesh)
+        out.append(None)
+    except ModelError as e:
+        out.append(str(e))
+print(json.dumps(out))
+"""
+
+
+def test_bad_meshes_are_one_line_errors(tmp_path):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    p = subprocess.run([sys.executable, "-c", ERRORS], capture_output=True, text=True, timeout=300, env=env)
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    for message, want in zip(got, ("attention heads 4 is not a multiple of 3", "needs 16 devices, 8 exist",
+                                   "bad mesh part 'zz=2'", "has no experts")):
+        assert message is not None and want in message and "\n" not in message, (message, want)
+    # and through the CLI, as one line with exit 2
     p = subprocess.run([sys.executable, "-m", "evalsuite.cli", "diff", "--model", "mini-llama", "--engine", "reference",
-                        "--engine-option", f"mesh={mesh}", "--prompts", "quick", "--max-new-tokens", "2",
+                        "--engine-option", "mesh=tp=3", "--prompts", "quick", "--max-new-tokens", "2",
                         "--report", str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
     lines = [x for x in p.stderr.splitlines() if x.strip()]
-    assert p.returncode == 2 and len(lines) == 1 and message in lines[0], p.stderr
+    assert p.returncode == 2 and len(lines) == 1 and "not a multiple of 3" in lines[0], p.stderr

@@ -1,5 +1,6 @@
 """`run --shard i/N` + `merge`: the merged result is the unsharded run's (same records, prompts included, so the
-same few-shot exemplars per item; same verdict), and a missing, repeated or foreign shard is a one-line error."""
+same few-shot exemplars per item; same verdict), and a missing, repeated or foreign shard is a one-line error.
+In-process (one process compiles the mini model once); one CLI call checks the error's one-line form."""
 
 from __future__ import annotations
 
@@ -10,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-RUN = ["run", "gsm8k", "--model", "mini-llama", "--limit", "6", "--json"]
-
-
-def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "evalsuite.cli", *args], capture_output=True, text=True, timeout=900)
+from evalsuite.bench.merge import merge_runs
+from evalsuite.bench.run import RunSpec, run_benchmark
+from evalsuite.errors import SpecError
 
 
 def records(d: Path, engine: str) -> list[dict]:
@@ -24,15 +23,13 @@ def records(d: Path, engine: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("shards")
-    for name, extra in (("full", []), ("s0", ["--shard", "0/2"]), ("s1", ["--shard", "1/2"])):
-        p = cli(*RUN, "--output", str(root / name), *extra)
-        assert p.returncode in (0, 3), p.stderr
+    for name, shard in (("full", None), ("s0", "0/2"), ("s1", "1/2")):
+        run_benchmark(RunSpec(task="gsm8k", model="mini-llama", limit=6, output=str(root / name), shard=shard))
     return root
 
 
 def test_merge_equals_the_unsharded_run(runs):
-    p = cli("merge", str(runs / "s0"), str(runs / "s1"), "--output", str(runs / "merged"), "--json")
-    assert p.returncode in (0, 3), p.stderr
+    merge_runs([str(runs / "s0"), str(runs / "s1")], str(runs / "merged"))
     full = json.loads((runs / "full" / "comparison.json").read_text())
     merged = json.loads((runs / "merged" / "comparison.json").read_text())
     for engine in ("reference", "megakernel"):
@@ -46,23 +43,22 @@ def test_merge_equals_the_unsharded_run(runs):
     assert merged["spec"]["shard"] is None and len(merged["merged_from"]) == 2
 
 
-def _one_line(p, needle):
-    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
-    lines = [x for x in p.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and needle in lines[0], p.stderr
-
-
 def test_missing_repeated_and_foreign_shards_are_errors(runs, tmp_path):
-    _one_line(cli("merge", str(runs / "s0"), "--output", str(tmp_path / "m")), "missing shard(s) 1/2")
-    _one_line(cli("merge", str(runs / "s0"), str(runs / "s0"), "--output", str(tmp_path / "m")),
-              "shard 0/2 given twice")
-    _one_line(cli("merge", str(runs / "s0"), str(runs / "full"), "--output", str(tmp_path / "m")),
-              "is not a shard")
+    out = str(tmp_path / "m")
+    for dirs, message in (([runs / "s0"], "missing shard(s) 1/2"), ([runs / "s0", runs / "s0"], "given twice"),
+                          ([runs / "s0", runs / "full"], "is not a shard")):
+        with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            merge_runs([str(d) for d in dirs], out)
     doc = json.loads((runs / "s1" / "comparison.json").read_text())
     other = tmp_path / "other"
-    (other / "reference").mkdir(parents=True)
+    other.mkdir()
     doc["spec"]["limit"] = 7
     (other / "comparison.json").write_text(json.dumps(doc))
-    _one_line(cli("merge", str(runs / "s0"), str(other), "--output", str(tmp_path / "m")),
-              "is a shard of another run: limit")
-    _one_line(cli(*RUN, "--shard", "2/2", "--output", str(tmp_path / "x")), "--shard must be i/N")
+    with pytest.raises(SpecError, match="is a shard of another run: limit"):
+        merge_runs([str(runs / "s0"), str(other)], out)
+    with pytest.raises(SpecError, match="--shard must be i/N"):
+        RunSpec(task="gsm8k", shard="2/2")
+    p = subprocess.run([sys.executable, "-m", "evalsuite.cli", "merge", str(runs / "s0"), "--output", out],
+                       capture_output=True, text=True, timeout=120)
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and "missing shard(s) 1/2" in lines[0], p.stderr
