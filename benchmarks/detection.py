@@ -40,6 +40,7 @@ from engines.megakernel import MegakernelEngine  # noqa: E402
 from engines.megakernel.faults import CATALOGUE  # noqa: E402
 from engines.reference import ReferenceEngine  # noqa: E402
 from evalsuite.compare import peers, rule  # noqa: E402
+from evalsuite.compare.diff import routing_margins  # noqa: E402
 from evalsuite.prompts import Prompt  # noqa: E402
 from evalsuite.registry import load_model  # noqa: E402
 from evalsuite.versions import versions  # noqa: E402
@@ -79,6 +80,10 @@ class Judge:
                 self.recipe += same.forced_topk(ids, [x.token_ids for x in g], 1, want_logits=True)
         if same is None:
             self.same = self.ref
+        # bf16 on an MoE model: the reference's routing margins (float32, bf16 recipe) for diff's routing near-ties
+        self.margins = [routing_margins(ref, same, p, g.token_ids) for (_, p), g in zip(prompts, self.ref)] \
+            if same is not None and model.config.n_moe_layers else []
+        self.moved = max((float(np.abs(a - b).max()) for a, b in self.margins), default=None)
 
 
 def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> dict:
@@ -103,12 +108,17 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> di
             n = c + i + 1
             rg, sg = judge.ref[c + i], judge.same[c + i]
             rec = rule.compare_prompt(rg.token_ids, rg.track(), fo, eg, tol)
+            keep = np.ones(len(rg.token_ids), bool)
+            if judge.margins:  # as diff: real positions at the reference's routing near-ties are not judged
+                rt = rule.routing_ties([rec], {0: judge.margins[c + i]}, judge.moved)
+                detail["routing_not_judged"] = detail.get("routing_not_judged", 0) + rt["positions_not_judged"]
+                keep = ~rt["tied"][0]
             detail["real_positions"] += len(rec["real_positions"])
             if fault is None and rec["real_positions"]:  # a false alarm: which prompt, which positions
                 detail["flagged"][prompts[c + i][0]] = rec["real_positions"]
             if dtype != "float32":
-                drift_e.append(rec["_drift"])
-                drift_r.append(rule.metrics.kl(rg.logits, judge.recipe[c + i].logits))
+                drift_e.append(rec["_drift"][keep])
+                drift_r.append(rule.metrics.kl(rg.logits, judge.recipe[c + i].logits)[keep])
             hits = {"evalsuite": bool(rec["real_positions"]),
                     "vllm": peers.vllm_rule(sg.token_ids, np.asarray(sg.top_ids), eg.token_ids,
                                             np.asarray(eg.top_ids))["caught"]}

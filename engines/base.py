@@ -107,10 +107,14 @@ class Scored:
 
     logits [T, V] float32: row t is the distribution of token t+1 given tokens 0..t.
     taps [L, T, D] float32 or None: the residual stream after each layer.
+    routing_margins [T] float32 or None (MoE models, with taps): at each position, the smallest gap over the
+    MoE layers between the k-th and (k+1)-th router choice scores; a near-tie there lets rounding change
+    the token's experts.
     """
 
     logits: np.ndarray
     taps: np.ndarray | None = None
+    routing_margins: np.ndarray | None = None
 
 
 @dataclass
@@ -256,6 +260,11 @@ class Engine(abc.ABC):
         """Values a resumed run compares with the journal's, within a tolerance, before reusing its answers
         (a server's canary logprobs: a prompt cache moves them slightly, so they cannot be hashed into the
         fingerprint). None: the fingerprint alone decides."""
+        return None
+
+    def placement(self) -> dict | None:
+        """Where the weights live when they are split over devices or processes (for result files): the
+        mesh's axis sizes and the weight bytes this process holds against the whole. None: one device."""
         return None
 
     def score(self, seqs: Sequence[Sequence[int]], want_taps: bool = False) -> list[Scored]:

@@ -9,6 +9,7 @@ import click
 
 from engines.base import DTYPES
 from engines.errors import ModelError, UnsupportedModel
+from evalsuite.distributed import writes_files
 from evalsuite.errors import SpecError
 from evalsuite.verdict import exit_code
 
@@ -82,10 +83,23 @@ class Group(click.Group):
 
 @click.group(cls=Group)
 @click.version_option(package_name="evalsuite")
-def main() -> None:
+@click.option("--mesh", default=None, envvar="EVALSUITE_MESH", metavar="tp=N,dp=N,ep=N",
+              help="Shard the reference (engine or judge) on a JAX mesh: tensor parallel over heads and MLP columns, "
+                   "expert parallel, data parallel over batch rows (env EVALSUITE_MESH).")
+@click.option("--num-processes", default=None, type=click.IntRange(1, None), envvar="EVALSUITE_NUM_PROCESSES",
+              help="Run as one of N processes (jax.distributed; generate, diff and golden check).")
+@click.option("--process-id", default=None, type=int, envvar="EVALSUITE_PROCESS_ID",
+              help="This process's id in [0, N).")
+@click.option("--coordinator", default=None, envvar="JAX_COORDINATOR_ADDRESS", metavar="HOST:PORT",
+              help="Process 0's address, the same for every process.")
+@click.pass_context
+def main(ctx, mesh, num_processes, process_id, coordinator) -> None:
     """evalsuite: does a fused inference engine lose accuracy against an independent reference?"""
+    from evalsuite import distributed
     from evalsuite.jaxcache import enable
 
+    distributed.set_mesh(mesh)
+    distributed.initialize(ctx.invoked_subcommand, coordinator, num_processes, process_id)
     enable()
 
 
@@ -176,7 +190,7 @@ def diff(engine, against, model, prompts, max_new_tokens, dtype, batch, fault, n
                     require=tuple(require), seed=seed, engine_options=_engine_options(engine_options),
                     remote=_remote(base_url, served_model, api_key_env, api_timeout))
     result = run_diff(spec, _progress).to_json()
-    if report_dir:
+    if report_dir and writes_files():
         for p in diff_report(result, Path(report_dir)):
             _progress(f"wrote {p}")
     click.echo(json.dumps(diff_slim(result)) if as_json else diff_text(result))

@@ -11,6 +11,7 @@ from importlib.metadata import EntryPoint, entry_points
 
 from engines.base import Engine, EngineOptions
 from engines.errors import ModelError
+from evalsuite.distributed import default_mesh
 from evalsuite.registry import Model
 
 GROUP = "evalsuite.engines"
@@ -70,7 +71,10 @@ def make_engine(name: str, model: Model, dtype: str = "float32", fault: str | No
     (engines.openai.client.Remote): where a server engine's server is. extra: --engine-option KEY=VALUE
     pairs, each one of the engine class's `options`."""
     cls = engine_class(name)
-    for key in extra or {}:
+    extra = dict(extra or {})
+    if "mesh" in cls.options and "mesh" not in extra and default_mesh():
+        extra["mesh"] = default_mesh()  # evalsuite --mesh: every engine that takes one (the judge included)
+    for key in extra:
         if key not in cls.options:
             offered = f"one of {', '.join(cls.options)}" if cls.options else "none"
             raise ModelError(f"--engine-option {key!r}: engine {name} takes {offered}")
@@ -81,7 +85,7 @@ def make_engine(name: str, model: Model, dtype: str = "float32", fault: str | No
         raise ModelError(f"--base-url applies to a server engine (e.g. openai), not {name}")
     if cls.takes_remote and (remote is None or not remote.base_url):
         raise ModelError(f"--engine {name} needs --base-url URL (e.g. http://127.0.0.1:8000/v1)")
-    eng = cls.create(model, EngineOptions(dtype=dtype, fault=fault, remote=remote, extra=dict(extra or {})))
+    eng = cls.create(model, EngineOptions(dtype=dtype, fault=fault, remote=remote, extra=extra))
     if not isinstance(eng, Engine):
         raise ModelError(f"engine plugin {name!r}: create() returned {type(eng).__name__}, not an engines.base.Engine")
     return eng

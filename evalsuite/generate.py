@@ -45,6 +45,7 @@ def run_generate(spec: GenerateSpec) -> dict:
         "finish_reason": g.finish_reason,
         "top_logprobs": [[{"id": int(i), "logprob": float(v)} for i, v in zip(ids_, lps)]
                          for ids_, lps in zip(g.top_ids, g.top_logprobs)],
+        "placement": eng.placement(),
         "spec": asdict(spec),
         "versions": versions(),
     }

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from engines.base import Forced
+from evalsuite import distributed
 from evalsuite.compare.rule import Tolerances, compare_prompt
 from evalsuite.errors import SpecError
 from evalsuite.prompts import load_prompts
@@ -57,7 +58,8 @@ def update(model_name: str, directory: Path | None = None) -> Path:
     set_name, n = _settings(model_name)
     model = load_model(model_name)
     pset = load_prompts(set_name)
-    ref = ReferenceEngine(model.weights, "float32")
+    mesh = distributed.default_mesh()  # evalsuite --mesh: a model too big for one device
+    ref = ReferenceEngine(model.weights, "float32", mesh=mesh)
     ids = [p.encode(model.tokenizer) for p in pset.prompts]
     gens = ref.generate(ids, n, top_k=TOP_K)
     doc = {
@@ -66,13 +68,16 @@ def update(model_name: str, directory: Path | None = None) -> Path:
                    "dtype": "float32", "prompt_set": set_name, "prompt_set_sha256": pset.sha256,
                    "settings": {"max_new_tokens": n, "top_k": TOP_K, "greedy": True, "stop_ids": []},
                    "seed": 0, "seed_note": "greedy decoding makes no random choice; recorded for the format",
-                   "versions": versions(), "produced_by": "evalsuite golden update"},
+                   "versions": versions(), "produced_by": "evalsuite golden update",
+                   **({"mesh": mesh} if mesh else {})},
         "entries": {p.id: {"prompt_token_ids": i, "token_ids": g.token_ids,
                            "top_ids": g.top_ids.tolist(),
                            "top_logprobs": [[round(float(x), 6) for x in row] for row in g.top_logprobs]}
                     for p, i, g in zip(pset.prompts, ids, gens)},
     }
     path = golden_path(model_name, directory)
+    if not distributed.writes_files():  # a multi-process run: process 0 writes, the others computed the same
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")

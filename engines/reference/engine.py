@@ -8,6 +8,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
 
 from engines.base import (
     DTYPES,
@@ -24,7 +25,7 @@ from engines.base import (
 )
 from engines.errors import ModelError
 from engines.loop import MIN_PREFILL_BUCKET, cache_slots, forced_all, forced_from_decode, greedy_all
-from engines.reference import model
+from engines.reference import model, sharding
 from engines.weights import Weights
 
 MAX_BATCH = 32  # rows per device call; larger prompt lists run in chunks
@@ -77,22 +78,23 @@ class ReferenceEngine(Engine):
         self.weights_sha256 = weights.sha256
         self.params = device_params(weights, dtype)
         self.mesh = None
+        self._in = jnp.asarray  # host arrays into the jitted steps
         if mesh:
-            from engines.reference import sharding
-
             self.mesh = sharding.make_mesh(sharding.parse_mesh(mesh), weights.config)
             self.params = sharding.place(self.params, self.mesh)
-        c = self.config
-        self._score = jax.jit(partial(self._score_impl, c), static_argnames="want_taps")
+            self._in = partial(sharding.host_input, mesh=self.mesh)
+        c, m = self.config, self.mesh
+        self._score = jax.jit(partial(self._score_impl, c, m), static_argnames="want_taps")
         # Every step is two programs: the model (keyed by shapes) and the head (log-softmax, top-k; keyed
-        # by k and want_logits), so a caller's k or want_logits never recompiles the model.
-        self._prefill = jax.jit(partial(self._prefill_impl, c), donate_argnums=(3, 4))
-        self._decode = jax.jit(partial(self._decode_impl, c), donate_argnums=(3, 4))
-        self._head = jax.jit(self._pick, static_argnames=("k", "want_logits"))
+        # by k and want_logits), so a caller's k or want_logits never recompiles the model. On a mesh the
+        # steps' caches are sharded and their logits replicated (sharding.constrain_step).
+        self._prefill = jax.jit(sharding.constrain_step(partial(self._prefill_impl, c), m), donate_argnums=(3, 4))
+        self._decode = jax.jit(sharding.constrain_step(partial(self._decode_impl, c), m), donate_argnums=(3, 4))
+        self._head = jax.jit(partial(self._pick, mesh=m), static_argnames=("k", "want_logits"))
         self._grow = jax.jit(lambda kc, vc, slots: (
             [jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0))) for x in kc],
             [jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0))) for x in vc]), static_argnames="slots")
-        self._extend = jax.jit(partial(self._extend_impl, c), donate_argnums=(4, 5))
+        self._extend = jax.jit(sharding.constrain_step(partial(self._extend_impl, c), m), donate_argnums=(4, 5))
         self._seed = jax.jit(self._seed_impl, static_argnames=("batch", "slots"))
         self._gather = jax.jit(lambda kc, vc, keep: ([x[keep] for x in kc], [x[keep] for x in vc]))
         self._put = jax.jit(lambda kc, vc, rk, rv, where, src: (
@@ -103,19 +105,21 @@ class ReferenceEngine(Engine):
 
     # ---- jitted pieces -------------------------------------------------------------------------
     @staticmethod
-    def _score_impl(c, p, tokens, want_taps):
+    def _score_impl(c, mesh, p, tokens, want_taps):
         B, T = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         kc = [jnp.zeros((B, c.n_kv_heads, T, c.head_dim), jnp.float32)] * c.n_layers
-        logits, _, _, taps = model.forward(p, c, tokens, positions, kc, kc, want_taps, fresh=True)
-        return logits, taps
+        logits, _, _, extra = model.forward(p, c, tokens, positions, kc, kc, want_taps, fresh=True)
+        taps, margins = extra if want_taps else (None, None)
+        return sharding.replicate(logits, mesh), sharding.replicate(taps, mesh), sharding.replicate(margins, mesh)
 
     @staticmethod
-    def _pick(logits, k, want_logits):
+    def _pick(logits, k, want_logits, mesh=None):
         logp = jax.nn.log_softmax(logits, axis=-1)
         top_v, top_i = jax.lax.top_k(logp, k)
         nxt = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        return nxt, top_i, top_v, (logits if want_logits else None)
+        out = nxt, top_i, top_v, (logits if want_logits else None)
+        return tuple(sharding.replicate(x, mesh) for x in out)
 
     @classmethod
     def _prefill_impl(cls, c, p, tokens, lengths, kc, vc):
@@ -152,6 +156,11 @@ class ReferenceEngine(Engine):
             "engine": self.name, "dtype": self.dtype, "max_batch": MAX_BATCH, "share_prefix": self.share_prefix,
             "weights": self.weights_sha256, "mesh": None if self.mesh is None else dict(self.mesh.shape)})
 
+    def placement(self) -> dict | None:
+        if self.mesh is None:
+            return None
+        return sharding.placement(self.params, self.mesh)
+
     # ---- the protocol --------------------------------------------------------------------------
     def score(self, seqs: Sequence[Sequence[int]], want_taps: bool = False) -> list[Scored]:
         c = self.config
@@ -162,9 +171,9 @@ class ReferenceEngine(Engine):
             Tb = next_pow2(T, MIN_PREFILL_BUCKET)
             tokens = np.zeros((1, Tb), np.int32)
             tokens[0, :T] = s
-            logits, taps = self._score(self.params, jnp.asarray(tokens), want_taps=want_taps)
-            out.append(Scored(np.asarray(logits[0, :T]),
-                              np.asarray(taps[:, 0, :T]) if want_taps else None))
+            logits, taps, margins = self._score(self.params, self._in(tokens), want_taps=want_taps)
+            out.append(Scored(np.asarray(logits[0, :T]), np.asarray(taps[:, 0, :T]) if want_taps else None,
+                              np.asarray(margins[0, :T]) if margins is not None else None))
         return out
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
@@ -204,7 +213,7 @@ class ReferenceEngine(Engine):
 
     def _prefill_step(self, tokens, lengths, slots, k, want_logits):
         kc, vc = self.new_cache(tokens.shape[0], cache_slots(tokens.shape[1], slots))
-        logits, kc, vc = self._prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths), kc, vc)
+        logits, kc, vc = self._prefill(self.params, self._in(tokens), self._in(lengths), kc, vc)
         return (*self._head(logits, k=k, want_logits=want_logits), (kc, vc))
 
     def _extend_step(self, prefix, tokens, lengths, slots, k, want_logits):
@@ -219,8 +228,8 @@ class ReferenceEngine(Engine):
         pk, pv = self._prefix[1]
         need = max(len(prefix) + tokens.shape[1], pk[0].shape[2])  # the prefix's (bucketed) cache fits whole
         kc, vc = self._seed(pk, pv, batch=tokens.shape[0], slots=cache_slots(need, slots))
-        logits, kc, vc = self._extend(self.params, jnp.asarray(tokens), jnp.asarray(lengths),
-                                      jnp.int32(len(prefix)), kc, vc)
+        logits, kc, vc = self._extend(self.params, self._in(tokens), self._in(lengths),
+                                      self._in(np.int32(len(prefix))), kc, vc)
         return (*self._head(logits, k=k, want_logits=want_logits), (kc, vc))
 
     def _insert_step(self, state, rows, where, src, batch, slots):
@@ -233,22 +242,26 @@ class ReferenceEngine(Engine):
             state = self._grow(*state, slots=Sr)
         elif Sr < S:
             rows = self._grow(*rows, slots=S)
-        return self._put(*state, *rows, jnp.asarray(where), jnp.asarray(src))
+        return self._put(*state, *rows, self._in(where), self._in(src))
 
     def _shrink_step(self, state, keep):
         """The cache rows of the batch slots in keep (finished rows dropped)."""
-        return self._gather(*state, jnp.asarray(keep))
+        return self._gather(*state, self._in(keep))
 
     def _decode_step(self, ids, positions, state, k, want_logits):
         need = cache_slots(int(np.max(positions)) + 1, 1 << 30)
         if need > state[0][0].shape[2]:  # the cache grows by buckets as the rows advance
             state = self._grow(*state, slots=need)
-        logits, kc, vc = self._decode(self.params, jnp.asarray(ids), jnp.asarray(positions), *state)
+        logits, kc, vc = self._decode(self.params, self._in(ids), self._in(positions), *state)
         return (*self._head(logits, k=k, want_logits=want_logits), (kc, vc))
 
     def new_cache(self, batch: int, slots: int) -> tuple[list, list]:
         """Empty K and V caches: per layer [batch, K, slots, hd]."""
         c = self.config
         shape = (batch, c.n_kv_heads, slots, c.head_dim)
+        if self.mesh is not None:
+            where = NamedSharding(self.mesh, sharding.cache_spec(self.mesh, batch))
+            return ([jnp.zeros(shape, jnp.float32, device=where) for _ in range(c.n_layers)],
+                    [jnp.zeros(shape, jnp.float32, device=where) for _ in range(c.n_layers)])
         return ([jnp.zeros(shape, jnp.float32) for _ in range(c.n_layers)],
                 [jnp.zeros(shape, jnp.float32) for _ in range(c.n_layers)])

@@ -141,6 +141,25 @@ def gptoss_glu(gate: jax.Array, up: jax.Array, alpha: float, limit: float) -> ja
     return gate * jax.nn.sigmoid(gate * f32(alpha)) * (up + 1.0)
 
 
+def router_scores(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -> tuple[jax.Array, jax.Array]:
+    """(weights' scores, choice scores) [..., E]: the top-k of the choice scores are the token's experts."""
+    logits = jnp.matmul(x.astype(f32), router.astype(f32))
+    if c.router == "softmax":
+        scores = jax.nn.softmax(logits + bias.astype(f32), axis=-1)
+        return scores, scores
+    scores = jax.nn.sigmoid(logits)
+    return scores, scores + bias.astype(f32)
+
+
+def routing_margin(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -> jax.Array:
+    """[...]: the k-th choice score minus the (k+1)-th, how far the token's expert set is from changing (a
+    near-tie here lets a few ulps of rounding pick another expert)."""
+    if c.top_k >= c.n_experts:
+        return jnp.full(x.shape[:-1], jnp.inf, f32)
+    top, _ = jax.lax.top_k(router_scores(x, router, bias, c)[1], c.top_k + 1)
+    return top[..., c.top_k - 1] - top[..., c.top_k]
+
+
 def route(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -> jax.Array:
     """Expert weights [..., E], zero outside each token's top-k.
 
@@ -148,13 +167,7 @@ def route(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -> jax.Ar
     sigmoid router (DeepSeek-V3): choose by sigmoid(logits) + bias, weigh by sigmoid(logits).
     Then optionally renormalise the k weights to sum 1, and scale by routed_scale.
     """
-    logits = jnp.matmul(x.astype(f32), router.astype(f32))
-    if c.router == "softmax":
-        scores = jax.nn.softmax(logits + bias.astype(f32), axis=-1)
-        choice = scores
-    else:
-        scores = jax.nn.sigmoid(logits)
-        choice = scores + bias.astype(f32)
+    scores, choice = router_scores(x, router, bias, c)
     _, idx = jax.lax.top_k(choice, c.top_k)  # [..., k]
     w = jnp.take_along_axis(scores, idx, axis=-1)
     if c.norm_topk:
@@ -198,7 +211,8 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
     per layer, so the in-place cache update never copies the other layers).
     Returns logits [B, T, V] float32 (or [B, V] at logit_index [B] when given: prefill needs only
     each row's last prompt position), the updated caches, and taps [L, B, T, D] (the residual
-    stream after each layer, float32) when want_taps, else None.
+    stream after each layer, float32) when want_taps, else None. With want_taps the last value is the pair
+    (taps, margins): margins [B, T] the smallest routing_margin over the MoE layers (None without MoE).
     """
     B, T = tokens.shape
     k_cache, v_cache = list(k_cache), list(v_cache)
@@ -209,7 +223,7 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
              for kind in {c.kind(i) for i in range(c.n_layers)}}
     rows = jnp.arange(B)[:, None]  # [B, 1], broadcast with positions for the cache scatter
     eps, style = c.rms_eps, c.norm_style
-    taps = []
+    taps, margins = [], []
     for layer in range(c.n_layers):
         cos, sin = ropes[c.kind(layer)]
         h = rms_norm(x, p["attn_norm"][layer], eps, style)
@@ -240,7 +254,10 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
         if layer < c.n_dense_layers:
             out = swiglu(h, p["gate"][layer], p["up"][layer], p["down"][layer], c.mlp_act)
         else:
-            out = moe(h, p, layer - c.n_dense_layers, c)
+            m = layer - c.n_dense_layers
+            out = moe(h, p, m, c)
+            if want_taps:
+                margins.append(routing_margin(h, p["router"][m], p["router_bias"][m], c))
         x = x + (rms_norm(out, p["post_mlp_norm"][layer], eps, style) if c.post_norms else out)
         if want_taps:
             taps.append(x.astype(f32))
@@ -251,4 +268,6 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
     logits = jnp.einsum("...d,vd->...v", x.astype(head.dtype), head, preferred_element_type=f32)
     if c.final_softcap:
         logits = f32(c.final_softcap) * jnp.tanh(logits / f32(c.final_softcap))
-    return logits, k_cache, v_cache, (jnp.stack(taps) if want_taps else None)
+    if not want_taps:
+        return logits, k_cache, v_cache, None
+    return logits, k_cache, v_cache, (jnp.stack(taps), jnp.stack(margins).min(axis=0) if margins else None)

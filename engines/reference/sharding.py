@@ -10,8 +10,11 @@ PartitionSpec is:
     sinks                    heads over tp               everything else  replicated
 
 A mesh that does not divide the model (heads, KV heads, MLP width, experts) or needs more devices than exist
-is a one-line ModelError. Not done here yet: loading weights straight into their shards (the loaders
-materialise each array on the host first) and sharding the KV cache (it is replicated; GSPMD reshards it).
+is a one-line ModelError. The KV cache is sharded too: KV heads over tp, batch rows over dp where the row count
+divides (engines.reference.engine constrains every step's caches with cache_spec); what the host reads back (the
+head's next ids, top-k and logits) is constrained to be replicated, so every process of a multi-process run
+(jax.distributed) holds all of it. Not done here yet: loading weights straight into their shards (the loaders
+materialise each array on the host first).
 """
 
 from __future__ import annotations
@@ -67,9 +70,55 @@ def make_mesh(sizes: dict[str, int], c: Config) -> Mesh:
     return Mesh(np.array(devices[:need]).reshape([sizes[a] for a in AXES]), AXES)
 
 
+def cache_spec(mesh: Mesh, rows: int) -> PartitionSpec:
+    """A [rows, K, slots, hd] cache: K over tp; rows over dp when dp divides them (else replicated rows)."""
+    return _P("dp" if rows % mesh.shape["dp"] == 0 else None, "tp", None, None)
+
+
+def constrain_step(fn, mesh: Mesh | None):
+    """fn(...) -> (logits, kc, vc), traced under jit: the logits replicated and the per-layer caches by
+    cache_spec. The identity when mesh is None."""
+    if mesh is None:
+        return fn
+
+    def wrapped(*args, **kwargs):
+        logits, kc, vc = fn(*args, **kwargs)
+        return (replicate(logits, mesh), constrain_caches(kc, mesh), constrain_caches(vc, mesh))
+
+    return wrapped
+
+
+def constrain_caches(caches: list, mesh: Mesh | None) -> list:
+    if mesh is None:
+        return caches
+    return [jax.lax.with_sharding_constraint(x, NamedSharding(mesh, cache_spec(mesh, x.shape[0]))) for x in caches]
+
+
+def replicate(x, mesh: Mesh | None):
+    """Inside jit: x replicated on every device (a multi-process run's host reads it in every process)."""
+    if mesh is None or x is None:
+        return x
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, _P()))
+
+
+def host_input(x, mesh: Mesh):
+    """A host array as a global array replicated over the mesh (each process passes the same value)."""
+    return jax.device_put(np.asarray(x), NamedSharding(mesh, _P()))
+
+
 def place(params: dict, mesh: Mesh) -> dict:
     """device_params' dict (per-layer lists) with every array put on the mesh by SPECS."""
     def put(name: str, a):
         return jax.device_put(a, NamedSharding(mesh, SPECS.get(name, _P())))
 
     return {k: ([put(k, x) for x in v] if isinstance(v, list) else put(k, v)) for k, v in params.items()}
+
+
+def placement(params: dict, mesh: Mesh) -> dict:
+    """The mesh, the process count, and the weight bytes held by this process's devices against the whole
+    model's (1/tp of each tensor-parallel weight per tp shard; replicated arrays count in full)."""
+    arrays = [x for v in params.values() for x in (v if isinstance(v, list) else [v])]
+    local = sum(s.data.nbytes for a in arrays for s in a.addressable_shards)
+    return {"mesh": dict(mesh.shape), "processes": jax.process_count(), "devices": mesh.size,
+            "local_devices": len({d for d in mesh.devices.flat if d.process_index == jax.process_index()}),
+            "param_bytes": sum(a.nbytes for a in arrays), "local_param_bytes": local}

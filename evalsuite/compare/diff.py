@@ -124,8 +124,12 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][1]))  # similar lengths batch well
     per_prompt: list[dict | None] = [None] * len(encoded)
     matched: list[float] = []
-    drift_e, drift_r = [], []
-    first_real = None
+    drift_e: dict[int, np.ndarray] = {}
+    drift_r: dict[int, np.ndarray] = {}
+    tracks: dict[int, list[int]] = {}
+    # bf16 on an MoE model: the reference's routing margins (float32 and its bf16 recipe) at every position
+    routed = recipe is not None and c.n_moe_layers > 0
+    margins: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     groups = [[order[k] for k in g] for g in batches([len(encoded[i][1]) for i in order], spec.batch)]
     for bi, idx in enumerate(groups):
         progress(f"diff: batch {bi + 1}/{len(groups)} ({len(idx)} prompts, {N} tokens)")
@@ -152,9 +156,12 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
                 blocking.append(f"prompt {encoded[i][0].id}: matched as text only; the server's logprobs for it do "
                                 "not line up with the reference's tokens, so none were compared")
             if rl is not None and rec["_drift"] is not None:
-                drift_e.append(rec["_drift"])
-                drift_r.append(metrics.kl(rg.logits, rl.logits) if caps.logits
-                               else np.abs(rl.token_logprobs - track.token_logprobs))
+                drift_e[i] = rec["_drift"]
+                drift_r[i] = (metrics.kl(rg.logits, rl.logits) if caps.logits
+                              else np.abs(rl.token_logprobs - track.token_logprobs))
+            if routed:
+                margins[i] = routing_margins(ref, recipe, encoded[i][1], rg.token_ids)
+            tracks[i] = rg.token_ids
             matched.extend(float(x) for x in rec.pop("_matched"))
             rec.pop("_drift")
             p = encoded[i][0]
@@ -163,9 +170,14 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
                 fdv["reference_text"] = model.tokenizer.decode([fdv["reference_token"]])
                 fdv["engine_text"] = model.tokenizer.decode([fdv["engine_token"]])
             per_prompt[i] = {"id": p.id, "kind": p.kind, "prompt_tokens": len(rg.prompt_ids), **rec}
-            if first_real is None and rec["real_positions"]:
-                first_real = (i, rec["real_positions"][0], rg.token_ids)
-    drift = rule.drift_check(drift_e, drift_r, spec.dtype)
+    routing = rule.routing_ties(per_prompt, margins) if routed else None
+    if routing and routing["positions_not_judged"]:
+        blocking.append(routing["note"])
+    keep = {i: ~routing["tied"][i] for i in margins} if routing else {}  # drift away from routing near-ties
+    drift = rule.drift_check([v[keep[i]] if i in keep else v for i, v in sorted(drift_e.items())],
+                             [v[keep[i]] if i in keep else v for i, v in sorted(drift_r.items())], spec.dtype)
+    first_real = next(((i, r["real_positions"][0], tracks[i]) for i, r in enumerate(per_prompt)
+                       if r["real_positions"]), None)
     if spec.dtype != "float32" and not drift["checked"]:
         not_checked.append(drift["why"])
     bisection = None
@@ -216,6 +228,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
                                  "the reference's top-1 logit and the position's |Δlogit| and KL (over an API: "
                                  "|Δlogprob|) are within their tolerances (evalsuite/compare/rule.py)"),
         "bf16_drift": drift,
+        "routing": None if routing is None else {k: v for k, v in routing.items() if k != "tied"},
         "checks_not_possible": not_checked,
         "not_checked": blocking,
         "engine_capabilities": caps.report(),
@@ -236,6 +249,15 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
                                       "noise_tolerance")}
     return DiffResult(**typed, not_checked=tuple(out.pop("not_checked")),
                       checks_not_possible=tuple(out.pop("checks_not_possible")), details=out)
+
+
+def routing_margins(ref, recipe, prompt, track) -> tuple[np.ndarray, np.ndarray]:
+    """The routing margin (engines.reference.model.routing_margin) at each position that predicts a token of
+    track, from the float32 reference and from its bf16 recipe (one teacher-forced forward each)."""
+    seq = list(prompt) + list(track[:-1])
+    at = slice(len(prompt) - 1, len(seq))
+    return (ref.score([seq], want_taps=True)[0].routing_margins[at],
+            recipe.score([seq], want_taps=True)[0].routing_margins[at])
 
 
 def _resolve_by_text(tok, rg, eg) -> str | None:

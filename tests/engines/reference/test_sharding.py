@@ -1,6 +1,6 @@
 """The reference on a JAX mesh of 8 virtual CPU devices (issue 16): the same greedy tokens as one device, logits
-within a measured bound, each device holding 1/tp of each sharded weight. Runs in a subprocess: the device
-count must be set before JAX starts."""
+within a measured bound, each device holding 1/tp of each sharded weight and of the KV cache. Runs in a
+subprocess: the device count must be set before JAX starts."""
 
 from __future__ import annotations
 
@@ -34,7 +34,10 @@ for key in ("wq", "wk", "wo", "gate", "e_gate", "e_down"):
     if key in sh.params:
         x = sh.params[key][-1]
         shards[key] = [list(x.shape), [list(s.data.shape) for s in x.addressable_shards], str(x.sharding.spec)]
+kc = sh._prefill_step(np.ones((4, 16), np.int32), np.full(4, 16, np.int32), 16, 5, False)[-1][0][-1]
 print(json.dumps({"same": [x.token_ids == y.token_ids for x, y in zip(a, b)],
+                  "cache": [list(kc.shape), [list(s.data.shape) for s in kc.addressable_shards]],
+                  "mesh": dict(sh.mesh.shape),
                   "dlogprob": max(float(np.abs(np.asarray(x.top_logprobs) - np.asarray(y.top_logprobs)).max())
                                   for x, y in zip(a, b)),
                   "devices": len(sh.mesh.devices.flat), "shards": shards}))
@@ -60,6 +63,10 @@ def test_sharded_reference_equals_one_device(name, mesh, tp, ep):
         axis, k = split[key]
         assert all(s[axis] == full[axis] // k for s in parts), (key, full, parts, spec)  # 1/tp (1/ep) per device
         assert k == 1 or "tp" in spec or "ep" in spec
+    # the KV cache a prefill step returns: batch rows over dp, KV heads over tp
+    (rows, kv, slots, hd), parts = r["cache"]
+    dp = r["mesh"]["dp"]
+    assert parts and all(s == [rows // dp, kv // tp, slots, hd] for s in parts), r["cache"]
 
 
 ERRORS = r"""

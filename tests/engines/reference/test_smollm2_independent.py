@@ -2,8 +2,9 @@
 
 The transcription shares nothing with the package: it reads the GGUF itself with the `gguf`
 package, undoes llama.cpp's Q/K row order and uses half-split (rotate_half) RoPE where the
-reference uses interleaved pairs on the stored order, and recomputes the full sequence each step
-without a KV cache.
+reference uses interleaved pairs on the stored order, and has no KV cache: one causal forward over
+the prompt and the reference's greedy continuation gives the logits at every step (teacher forcing), so
+the reference's tokens are the transcription's greedy tokens exactly when each is the argmax there.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 N_TOKENS = 16
-# |Δ top-5 logprob| between the two float32 implementations: measured max 2.05e-5 over both
-# prompts; the issue's bound is 1e-3.
+# |Δ top-5 logprob| between the two float32 implementations: measured max 3.04e-5 over both (2026-12-01,
+# teacher-forced); the issue's bound is 1e-3.
 LOGPROB_TOL = 1e-3
 
 
@@ -40,7 +41,8 @@ def _numpy_model(path):
                    theta=meta("llama.rope.freq_base"), eps=meta("llama.attention.layer_norm_rms_epsilon"))
 
 
-def _numpy_next_logits(t, m, ids):
+def _numpy_logits(t, m, ids):
+    """Logits at every position of `ids` (one causal forward)."""
     T = len(ids)
     x = t["token_embd.weight"][ids]  # [T, D]
 
@@ -72,18 +74,16 @@ def _numpy_next_logits(t, m, ids):
         h = norm(x, w("ffn_norm"))
         g = h @ w("ffn_gate").T
         x = x + ((g / (1 + np.exp(-g))) * (h @ w("ffn_up").T)) @ w("ffn_down").T
-    return norm(x[-1], t["output_norm.weight"]) @ t["token_embd.weight"].T
+    return norm(x, t["output_norm.weight"]) @ t["token_embd.weight"].T
 
 
-def _numpy_greedy(t, m, prompt):
-    ids, tops = list(prompt), []
-    for _ in range(N_TOKENS):
-        logits = _numpy_next_logits(t, m, ids).astype(np.float64)
-        lp = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
-        top = np.argsort(-lp)[:5]
-        tops.append((top, lp[top]))
-        ids.append(int(top[0]))
-    return ids[len(prompt):], tops
+def _numpy_top5(t, m, prompt, continuation):
+    """Top-5 ids and logprobs at each of the continuation's steps, from one teacher-forced forward."""
+    logits = _numpy_logits(t, m, list(prompt) + list(continuation[:-1]))[len(prompt) - 1:].astype(np.float64)
+    lp = logits - logits.max(-1, keepdims=True)
+    lp -= np.log(np.exp(lp).sum(-1, keepdims=True))
+    top = np.argsort(-lp, axis=-1)[:, :5]
+    return [(top[j], lp[j, top[j]]) for j in range(len(continuation))]
 
 
 def test_reference_matches_numpy_transcription(smollm2, smollm2_ref):
@@ -95,10 +95,10 @@ def test_reference_matches_numpy_transcription(smollm2, smollm2_ref):
                "chat": tok.encode_chat("List three primary colors.")}
     worst = 0.0
     for name, prompt in prompts.items():
-        want_ids, want_tops = _numpy_greedy(t, m, prompt)
         got = smollm2_ref.generate([prompt], N_TOKENS, top_k=5)[0]
-        assert got.token_ids == want_ids, name
-        for j, (ids5, lps5) in enumerate(want_tops):
+        assert len(got.token_ids) == N_TOKENS, name
+        for j, (ids5, lps5) in enumerate(_numpy_top5(t, m, prompt, got.token_ids)):
+            assert got.token_ids[j] == int(ids5[0]), (name, j)  # the reference chose the greedy token
             assert list(got.top_ids[j]) == list(ids5), (name, j)
             worst = max(worst, float(np.abs(got.top_logprobs[j] - lps5).max()))
     print(f"max |Δ top-5 logprob| = {worst:.2e}")

@@ -1,0 +1,49 @@
+"""bf16 on an MoE model: positions where the reference's expert choice is near-tied are not judged (neither a
+FAIL nor a PASS rests on them), and a routing bug still FAILs on the positions that are not near-tied."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from evalsuite.compare import rule
+from evalsuite.compare.diff import DiffSpec, run_diff
+from evalsuite.prompts import load_prompts
+
+
+def _record(real, tokens=(), dist=()):
+    return {"real_positions": list(real), "token_mismatches": list(tokens), "distribution_mismatches": list(dist),
+            "first_divergence": None}
+
+
+def test_only_real_positions_at_near_ties_are_taken_out():
+    m32 = np.array([0.5, 0.001, 0.5, 0.002, 0.5])
+    m16 = m32 + np.array([0.0, 0.004, -0.01, 0.0, 0.0])  # the recipe moves a margin by up to 0.01
+    recs = [_record([1, 2], dist=[1, 2]), _record([])]
+    r = rule.routing_ties(recs, {0: (m32, m16), 1: (m32, m32)})
+    assert abs(r["bound"] - rule.ROUTING_TIE_FACTOR * 0.01) < 1e-12
+    assert recs[0]["routing_ties"] == [1] and recs[0]["real_positions"] == [2] == recs[0]["distribution_mismatches"]
+    assert r["positions_not_judged"] == 1 and r["prompts"] == 1 and "not judged" in r["note"]
+    assert r["tied_share"] == 4 / 10  # positions 1 and 3 of both prompts sit under the bound
+    clean = [_record([2])]  # nothing real at a tie: nothing taken out, nothing unjudged
+    assert rule.routing_ties(clean, {0: (m32, m16)})["positions_not_judged"] == 0 and clean[0]["real_positions"] == [2]
+
+
+def _two_prompts(tmp_path):
+    """The quick set's two prompts where the faithful bf16 megakernel moved mini-moe's distribution beyond the
+    per-position bounds (fact-capital at 14 and 22, chat-mul at 22), all at routing near-ties."""
+    rows = [p for p in load_prompts("quick").prompts if p.id in ("fact-capital", "chat-mul")]
+    f = tmp_path / "two.jsonl"
+    f.write_text("".join(json.dumps({"id": p.id, "kind": p.kind, "text": p.text}) + "\n" for p in rows))
+    return str(f)
+
+
+def test_faithful_bf16_moe_is_not_failed_for_routing_ties_and_a_router_bug_still_fails(tmp_path):
+    prompts = _two_prompts(tmp_path)
+    ok = run_diff(DiffSpec(model="mini-moe", dtype="bfloat16", prompts=prompts, max_new_tokens=24)).to_json()
+    assert ok["verdict"] != "FAIL" and ok["real_mismatches"] == 0, ok["per_prompt"]
+    assert ok["routing"]["positions_not_judged"] >= 1 and ok["routing"]["note"] in ok["not_checked"]
+    bad = run_diff(DiffSpec(model="mini-moe", dtype="bfloat16", prompts=prompts, max_new_tokens=24,
+                            fault="router_second_choice")).to_json()
+    assert bad["verdict"] == "FAIL" and bad["real_mismatches"] > 0
