@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engines import lazy as lazy_mod
 from engines.config import Config
 from engines.errors import ModelError
 from engines.weights import Weights
@@ -198,7 +199,31 @@ def _gptoss_experts(pre: list[str], names, get, stack) -> dict[str, np.ndarray]:
             "e_down_b": stack([p + "mlp.experts.down_proj_bias" for p in pre])}
 
 
-def load_hf(path: Path, name: str | None = None) -> Weights:
+def _index_tensors(path: Path) -> tuple[dict[str, Path], str]:
+    """Tensor name -> its file, and the files' sha256 (streamed: nothing is loaded)."""
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"no *.safetensors files in {path}")
+    h = hashlib.sha256()
+    where: dict[str, Path] = {}
+    for f in files:
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 24), b""):
+                h.update(chunk)
+        try:
+            with safe_open(str(f), framework="np") as st:
+                where.update({k: f for k in st.keys()})
+        except Exception as e:  # safetensors raises its own SafetensorError for corrupt headers
+            raise ModelError(f"corrupt safetensors file {f}: {e}") from None
+    return where, h.hexdigest()
+
+
+def load_hf(path: Path, name: str | None = None, lazy: bool = False) -> Weights:
+    """lazy: every array a LazyArray (engines.lazy) read from the files on demand, so that a sharded reference
+    reads only its devices' slices; the tensors the loader must compute (gpt-oss's fused, MXFP4 experts) are
+    computed whole."""
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
@@ -208,18 +233,27 @@ def load_hf(path: Path, name: str | None = None) -> Weights:
     except json.JSONDecodeError as e:
         raise ModelError(f"{cfg_file} is not valid JSON: {e}") from None
     c = hf_config(raw, name or path.name, path)
-    t, digest = _read_tensors(path)
+    t, digest = _index_tensors(path) if lazy else _read_tensors(path)
     used: set[str] = set()
+    counter = [0]  # bytes the lazy arrays read
 
     def get(key: str, transpose: bool = False, raw: bool = False) -> np.ndarray:
         if key not in t:
             raise ModelError(f"{path}: missing tensor {key!r}")
         used.add(key)
+        if lazy:
+            return lazy_mod.Tensor(t[key], key, transpose, counter) if not raw else lazy_mod.Tensor(
+                t[key], key, False, counter).raw()
         a = t[key] if raw else np.asarray(t[key], dtype=np.float32)
         return a.T if transpose else a
 
     def stack(keys: list[str], transpose: bool = False) -> np.ndarray:
+        if lazy:
+            return lazy_mod.Stacked([get(k, transpose) for k in keys])
         return np.ascontiguousarray(np.stack([get(k, transpose) for k in keys]))
+
+    def dense(a):  # an array the loader computed: whole, in either mode
+        return lazy_mod.Eager(np.asarray(a, np.float32)) if lazy else a
 
     L, Ld = c.n_layers, c.n_dense_layers
     pre = [f"model.layers.{i}." for i in range(L)]
@@ -254,16 +288,18 @@ def load_hf(path: Path, name: str | None = None) -> Weights:
         for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
             a[ours] = stack([p + f"mlp.{theirs}.weight" for p in pre[:Ld]], True)
     if c.n_moe_layers and c.expert_act == "gptoss":
-        a.update(_gptoss_experts(pre, t, get, stack))
+        a.update({k: dense(v) for k, v in _gptoss_experts(
+            pre, t, lambda *x, **kw: np.asarray(get(*x, **kw)), lambda *x: np.asarray(stack(*x))).items()})
     elif c.n_moe_layers:
         moe = pre[Ld:]
         a["router"] = stack([p + "mlp.gate.weight" for p in moe], True)
         bias_key = "mlp.gate.e_score_correction_bias"
         a["router_bias"] = (stack([p + bias_key for p in moe]) if moe[0] + bias_key in t
-                            else np.zeros((len(moe), c.n_experts), np.float32))
+                            else dense(np.zeros((len(moe), c.n_experts), np.float32)))
         for ours, theirs in (("e_gate", "gate_proj"), ("e_up", "up_proj"), ("e_down", "down_proj")):
-            a[ours] = np.stack([stack([p + f"mlp.experts.{e}.{theirs}.weight"
-                                       for e in range(c.n_experts)], True) for p in moe])
+            per_layer = [stack([p + f"mlp.experts.{e}.{theirs}.weight" for e in range(c.n_experts)], True)
+                         for p in moe]
+            a[ours] = lazy_mod.Stacked(per_layer) if lazy else np.stack(per_layer)
         if c.n_shared_experts:
             for ours, theirs in (("s_gate", "gate_proj"), ("s_up", "up_proj"), ("s_down", "down_proj")):
                 a[ours] = stack([p + f"mlp.shared_experts.{theirs}.weight" for p in moe], True)
@@ -273,6 +309,6 @@ def load_hf(path: Path, name: str | None = None) -> Weights:
     if unused:
         raise ModelError(f"{path}: unsupported tensors {unused[:3]}{'...' if len(unused) > 3 else ''}")
     try:
-        return Weights(c, a, sha256=digest, source=str(path))
+        return Weights(c, lazy_mod.LazyArrays(a, counter) if lazy else a, sha256=digest, source=str(path))
     except ValueError as e:
         raise ModelError(str(e)) from None

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engines.config import MINI_LLAMA, MINI_MOE, Config
+from engines.lazy import LazyArrays
 
 
 @dataclass(frozen=True)
@@ -47,18 +48,26 @@ class Weights:
         if missing or extra:
             raise ValueError(f"weights for {self.config.name}: missing {missing}, unexpected {extra}")
         for name, shape in expected.items():
-            if self.arrays[name].shape != shape:
+            if self.shape(name) != shape:
                 raise ValueError(
-                    f"weights for {self.config.name}: {name} has shape "
-                    f"{self.arrays[name].shape}, expected {shape}")
+                    f"weights for {self.config.name}: {name} has shape {self.shape(name)}, expected {shape}")
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """An array's shape, without reading it when the arrays are lazy (engines.lazy.LazyArrays)."""
+        return self.arrays.shape(name) if isinstance(self.arrays, LazyArrays) else self.arrays[name].shape
+
+    @property
+    def lazy(self) -> bool:
+        """True: arrays are read from the files on demand (engines.lazy), whole only when indexed by name."""
+        return isinstance(self.arrays, LazyArrays)
 
     @property
     def n_params(self) -> int:
-        return int(sum(a.size for a in self.arrays.values()))
+        return int(sum(int(np.prod(self.shape(k))) for k in self.arrays))
 
     @property
     def nbytes(self) -> int:
-        return int(sum(a.nbytes for a in self.arrays.values()))
+        return 4 * self.n_params if self.lazy else int(sum(a.nbytes for a in self.arrays.values()))
 
 
 def expected_shapes(c: Config) -> dict[str, tuple[int, ...]]:

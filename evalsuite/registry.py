@@ -72,7 +72,7 @@ def _load_hf_dir(path: Path) -> Model:
     from engines.hf_loader import load_hf
     from engines.tokenizer import hf_tokenizer
 
-    w = load_hf(path)
+    w = load_hf(path, lazy=_lazy())
     try:
         tok = hf_tokenizer(path)
     except ModelError:
@@ -90,7 +90,15 @@ def minis_dir() -> Path:
 def _load_mini_checkpoint(name: str) -> Model:
     from engines.hf_loader import load_hf
 
-    return Model(name, load_hf(minis_dir() / name, name), byte_tokenizer())
+    return Model(name, load_hf(minis_dir() / name, name, lazy=_lazy()), byte_tokenizer())
+
+
+def _lazy() -> bool:
+    """Safetensors are read on demand when the reference is sharded (evalsuite --mesh): each process then reads
+    only its devices' slices (engines.lazy). Otherwise they are read whole, once."""
+    from evalsuite.distributed import default_mesh
+
+    return default_mesh() is not None
 
 
 def _load_real(name: str) -> Model:

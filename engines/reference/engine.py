@@ -34,6 +34,10 @@ PER_LAYER_SKIP = ("embed", "lm_head", "final_norm")
 F32_ARRAYS = ("router_bias", "bq", "bk", "bv", "bo", "sinks", "e_gate_b", "e_up_b", "e_down_b")
 
 
+def _device_dtype(name: str, dtype: str):
+    return jnp.float32 if name.endswith("norm") or name in F32_ARRAYS else jnp.dtype(dtype)
+
+
 def device_params(weights: Weights, dtype: str) -> dict:
     """Weights on the device in dtype (norm weights, biases and sinks stay float32).
 
@@ -43,7 +47,7 @@ def device_params(weights: Weights, dtype: str) -> dict:
     """
     out: dict = {}
     for k, v in weights.arrays.items():
-        dt = jnp.float32 if k.endswith("norm") or k in F32_ARRAYS else jnp.dtype(dtype)
+        dt = _device_dtype(k, dtype)
         out[k] = (jnp.asarray(v, dtype=dt) if k in PER_LAYER_SKIP
                   else [jnp.asarray(layer, dtype=dt) for layer in v])
     return out
@@ -76,13 +80,19 @@ class ReferenceEngine(Engine):
         self.config = weights.config
         self.dtype = dtype
         self.weights_sha256 = weights.sha256
-        self.params = device_params(weights, dtype)
         self.mesh = None
         self._in = jnp.asarray  # host arrays into the jitted steps
         if mesh:
             self.mesh = sharding.make_mesh(sharding.parse_mesh(mesh), weights.config)
-            self.params = sharding.place(self.params, self.mesh)
             self._in = partial(sharding.host_input, mesh=self.mesh)
+        if self.mesh is not None and weights.lazy:  # each device's slices read from the files, nothing else
+            self.params = sharding.place_lazy(weights.arrays, self.mesh, partial(_device_dtype, dtype=dtype),
+                                              PER_LAYER_SKIP)
+        else:
+            self.params = device_params(weights, dtype)
+            if self.mesh is not None:
+                self.params = sharding.place(self.params, self.mesh)
+        self._weights = weights
         c, m = self.config, self.mesh
         self._score = jax.jit(partial(self._score_impl, c, m), static_argnames="want_taps")
         # Every step is two programs: the model (keyed by shapes) and the head (log-softmax, top-k; keyed
@@ -159,7 +169,8 @@ class ReferenceEngine(Engine):
     def placement(self) -> dict | None:
         if self.mesh is None:
             return None
-        return sharding.placement(self.params, self.mesh)
+        read = self._weights.arrays.bytes_read if self._weights.lazy else None
+        return {**sharding.placement(self.params, self.mesh), "lazy": self._weights.lazy, "bytes_read": read}
 
     # ---- the protocol --------------------------------------------------------------------------
     def score(self, seqs: Sequence[Sequence[int]], want_taps: bool = False) -> list[Scored]:

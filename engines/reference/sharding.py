@@ -10,11 +10,13 @@ PartitionSpec is:
     sinks                    heads over tp               everything else  replicated
 
 A mesh that does not divide the model (heads, KV heads, MLP width, experts) or needs more devices than exist
-is a one-line ModelError. The KV cache is sharded too: KV heads over tp, batch rows over dp where the row count
-divides (engines.reference.engine constrains every step's caches with cache_spec); what the host reads back (the
-head's next ids, top-k and logits) is constrained to be replicated, so every process of a multi-process run
-(jax.distributed) holds all of it. Not done here yet: loading weights straight into their shards (the loaders
-materialise each array on the host first).
+is a one-line ModelError. Lazy weights (an HF safetensors directory loaded while a mesh is set: engines.lazy)
+go straight into their shards (place_lazy): a process reads only its devices' slices. GGUF files are
+dequantised whole on load (a quantised block does not split along a shard boundary in general), so every
+process reads them whole. The KV cache is sharded too: KV heads over tp, batch rows over dp where the row
+count divides (engines.reference.engine constrains every step's caches with cache_spec). What the host reads
+back (the head's next ids, top-k and logits) is constrained to be replicated, so every process of a
+multi-process run (jax.distributed) holds all of it.
 """
 
 from __future__ import annotations
@@ -112,6 +114,28 @@ def place(params: dict, mesh: Mesh) -> dict:
         return jax.device_put(a, NamedSharding(mesh, SPECS.get(name, _P())))
 
     return {k: ([put(k, x) for x in v] if isinstance(v, list) else put(k, v)) for k, v in params.items()}
+
+
+def place_lazy(arrays, mesh: Mesh, dtype_of, whole: tuple[str, ...]) -> dict:
+    """device_params' dict straight from lazy weights (engines.lazy.LazyArrays): each array is built with
+    jax.make_array_from_callback, which asks for the slice each of this process's devices holds, so only those
+    slices are read from the files (a shard's 1/tp of a tensor-parallel weight; replicated arrays whole, once
+    per process). dtype_of(name): the device dtype; whole: the names kept as one array (not per layer)."""
+    def build(name: str, layer: int | None):
+        lz = arrays.lazy(name)
+        shape = lz.shape if layer is None else lz.shape[1:]
+        spec = _P() if layer is None else SPECS.get(name, _P())
+        memo: dict[str, np.ndarray] = {}  # devices holding the same slice (replicas) read it once
+
+        def read(idx):
+            key = repr(idx)
+            if key not in memo:
+                memo[key] = np.asarray(lz[idx] if layer is None else lz[(layer, *idx)]).astype(dtype_of(name))
+            return memo[key]
+
+        return jax.make_array_from_callback(shape, NamedSharding(mesh, spec), read)
+
+    return {k: build(k, None) if k in whole else [build(k, i) for i in range(arrays.shape(k)[0])] for k in arrays}
 
 
 def placement(params: dict, mesh: Mesh) -> dict:
