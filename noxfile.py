@@ -152,6 +152,21 @@ def calibrate(session: nox.Session) -> None:
     session.run("python", "benchmarks/calibrate_noise.py", *(session.posargs or ["builtin"]))
 
 
+@nox.session
+def shard_speed(session: nox.Session) -> None:
+    """Items/min of one `evalsuite run` against two `--shard i/2` workers on this machine, and the merge of the
+    two equal to the single run (benchmarks/shard_speed.py; pass `-- --limit 48` etc.)."""
+    _install(session)
+    session.run("python", "benchmarks/shard_speed.py", *session.posargs)
+
+
+@nox.session
+def calibrate_routing(session: nox.Session) -> None:
+    """The routing noise floor behind rule.py's ROUTING_TIE_FACTOR, on the reference alone (prints figures)."""
+    _install(session)
+    session.run("python", "benchmarks/calibrate_routing.py", *session.posargs)
+
+
 @nox.session(python=False)
 def interop(session: nox.Session) -> None:
     """evalsuite's commands against evalsuite serve and llama.cpp's server on loopback (creates .venv and

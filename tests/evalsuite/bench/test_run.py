@@ -167,7 +167,7 @@ def test_kill_and_resume_loses_and_redoes_nothing(tmp_path):
     assert set(keys) == want and len(before) < len(want), "nothing missing; the kill landed mid-run"
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # 73 s in CI; CI FAILs stale_feedback through verify on mini-llama (test_evidence.py)
 def test_faulty_engine_fails_on_the_sanity_task(tmp_path):
     """stale_feedback on smollm2, 16 sanity items: measured 0.875 -> 0.1875 (b=11, c=0, exact one-sided
     p 0.0005; a FAIL needs b >= 6 with c = 0): FAIL, exit 1, and the text names the loss and the differing
