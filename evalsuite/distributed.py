@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
+import time
 
 from evalsuite.errors import SpecError
 
@@ -22,7 +24,8 @@ from evalsuite.errors import SpecError
 # keep them in step). The others write journals and run folders, one writer per folder: spread those with
 # `run --shard i/N` instead.
 MULTI_PROCESS_COMMANDS = ("generate", "diff", "golden")
-# Seconds a process waits for the others to join before a one-line error (JAX's default is 300).
+# Seconds a process waits for the coordinator (and JAX for every process) before giving up (JAX's default is
+# 300); EVALSUITE_JOIN_TIMEOUT_S overrides it.
 JOIN_TIMEOUT_S = 120
 
 _state = {"mesh": None, "processes": 1, "process_id": 0}
@@ -57,13 +60,16 @@ def initialize(command: str | None, coordinator: str | None, num_processes: int 
         raise SpecError(f"--num-processes {num_processes} needs --coordinator HOST:PORT (process 0's address)")
     if process_id is None or not 0 <= process_id < num_processes:
         raise SpecError(f"--process-id must be in [0, {num_processes - 1}], got {process_id}")
+    timeout = int(os.environ.get("EVALSUITE_JOIN_TIMEOUT_S", JOIN_TIMEOUT_S))
+    if process_id != 0:
+        _wait_for_coordinator(coordinator, timeout, process_id, num_processes)
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices across processes
     try:
         with _stdout_to_stderr():  # gloo prints "[Gloo] Rank i is connected ..." on stdout: keep --json clean
             jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                                       process_id=process_id, initialization_timeout=JOIN_TIMEOUT_S)
+                                       process_id=process_id, initialization_timeout=timeout)
             from jax.experimental import multihost_utils
 
             multihost_utils.sync_global_devices("evalsuite: every process joined")  # gloo connects here
@@ -72,6 +78,24 @@ def initialize(command: str | None, coordinator: str | None, num_processes: int 
         raise SpecError(f"jax.distributed.initialize (process {process_id} of {num_processes}, coordinator "
                         f"{coordinator}) failed: {first[:300]}") from None
     _state.update(processes=num_processes, process_id=process_id)
+
+
+def _wait_for_coordinator(address: str, timeout: float, process_id: int, n: int) -> None:
+    """Until process 0's coordinator accepts a TCP connection: JAX's own client aborts the process (a C++ fatal
+    error, no Python exception) when it cannot register, so an absent coordinator is caught here first, as one
+    line. (Process 0 hosts the coordinator; if the others never come, JAX aborts it after the timeout.)"""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=5):
+                return
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                raise SpecError(f"process {process_id} of {n}: no coordinator at {address} after {timeout:.0f} s "
+                                "(start process 0 with the same --coordinator; EVALSUITE_JOIN_TIMEOUT_S sets the wait)"
+                                ) from None
+            time.sleep(0.5)
 
 
 @contextlib.contextmanager

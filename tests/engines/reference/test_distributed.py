@@ -84,10 +84,12 @@ def test_bad_distributed_flags_are_one_line_errors():
               "--process-id must be in [0, 1]"),
              (["--num-processes", "2", "--process-id", "0", "--coordinator", "127.0.0.1:1", "run", "gsm8k"],
               "run does not run under several processes"),
+             (["--num-processes", "2", "--process-id", "1", "--coordinator", f"127.0.0.1:{free_port()}", *GEN],
+              "no coordinator at 127.0.0.1:"),  # nothing listens there: one line after EVALSUITE_JOIN_TIMEOUT_S
              (["--mesh", "tp=2,xx=1", *GEN], "bad mesh part 'xx=1'"),
              (["--mesh", "tp=2", *GEN, "--model", "mini-llama"], "needs 2 devices, 1 exist")]
     for args, want in cases:
         p = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "XLA_FLAGS": ""})
+                           env={**os.environ, "XLA_FLAGS": "", "EVALSUITE_JOIN_TIMEOUT_S": "2"})
         lines = [x for x in p.stderr.splitlines() if x.strip()]
         assert p.returncode == 2 and len(lines) == 1 and want in lines[0], (args, p.stderr[-1500:])
