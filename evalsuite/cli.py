@@ -139,15 +139,17 @@ def engines_cmd(as_json: bool) -> None:
               type=click.Choice(DTYPES))
 @click.option("--fault", default=None, help=FAULT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@engine_option
 @remote_options
 def generate(engine, model, prompt, chat, max_new_tokens, no_stop, top_logprobs, dtype, fault,
-             as_json, base_url, served_model, api_key_env, api_timeout) -> None:
+             as_json, engine_options, base_url, served_model, api_key_env, api_timeout) -> None:
     """Greedy generation from one prompt."""
     from evalsuite.generate import GenerateSpec, run_generate
 
     spec = GenerateSpec(engine=engine, model=model, prompt=prompt, chat=chat,
                         max_new_tokens=max_new_tokens, stop=not no_stop, top_logprobs=top_logprobs,
-                        dtype=dtype, fault=fault, remote=_remote(base_url, served_model, api_key_env, api_timeout))
+                        dtype=dtype, fault=fault, remote=_remote(base_url, served_model, api_key_env, api_timeout),
+                        engine_options=_engine_options(engine_options))
     result = run_generate(spec)
     click.echo(json.dumps(result) if as_json else result["text"])
 
@@ -266,16 +268,18 @@ def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model,
               help="Run only the items with doc_id %% N == i (own folder and journal); `evalsuite merge` combines "
                    "the N shards into the unsharded result.")
 @click.option("--json", "as_json", is_flag=True)
+@engine_option
 @remote_options
 def run_cmd(task, variant, engine, against, model, limit, data, data_dir, output, dtype, fault, margin, seed,
-            shard, as_json, base_url, served_model, api_key_env, api_timeout) -> None:
+            shard, as_json, engine_options, base_url, served_model, api_key_env, api_timeout) -> None:
     """Benchmark TASK (gsm8k, gpqa, sanity) on ENGINE and the reference; paired verdict.
     Exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 usage error."""
     from evalsuite.bench.run import RunSpec, run_benchmark
 
     spec = RunSpec(task=task, variant=variant, engine=engine, against=against, model=model, limit=limit,
                    data_dir=_data(data, data_dir), output=output, dtype=dtype, fault=fault, margin=margin, seed=seed,
-                   remote=_remote(base_url, served_model, api_key_env, api_timeout), shard=shard)
+                   remote=_remote(base_url, served_model, api_key_env, api_timeout), shard=shard,
+                   engine_options=_engine_options(engine_options))
     from evalsuite.report import run_text
 
     r = run_benchmark(spec, _progress).to_json()
