@@ -35,6 +35,7 @@ import numpy as np
 from engines.loop import batches
 from engines.reference import ReferenceEngine
 from evalsuite.compare import metrics, rule
+from evalsuite.distributed import default_mesh
 from evalsuite.engines import make_engine
 from evalsuite.errors import SpecError
 from evalsuite.prompts import load_prompts
@@ -101,8 +102,9 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
             encoded.append((p, ids))
     if not encoded:
         raise SpecError(f"no prompt of {pset.name} fits {spec.model}'s context of {c.max_context}")
-    ref = ReferenceEngine(model.weights, "float32")
-    recipe = ReferenceEngine(model.weights, spec.dtype) if spec.dtype != "float32" else None
+    mesh = default_mesh()  # evalsuite --mesh: the judge (and its bf16 recipe) sharded like any reference
+    ref = ReferenceEngine(model.weights, "float32", mesh=mesh)
+    recipe = ReferenceEngine(model.weights, spec.dtype, mesh=mesh) if spec.dtype != "float32" else None
     eng = make_engine(spec.engine, model, spec.dtype, spec.fault, spec.remote, dict(spec.engine_options))
     caps = eng.capabilities
     # what this engine cannot show is said ("not checked"); what blocks a PASS is listed apart
@@ -213,6 +215,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
         "character": character,
         "engine": spec.engine, "against": spec.against, "model": spec.model,
         "weights_sha256": model.weights.sha256, "dtype": spec.dtype, "reference_dtype": "float32",
+        "judge_placement": ref.placement(), "engine_placement": eng.placement(),
         "fault": spec.fault, "prompt_set": pset.name, "prompt_set_sha256": pset.sha256,
         "prompts": len(encoded), "skipped": skipped, "max_new_tokens": N,
         "positions": len(encoded) * N,

@@ -99,3 +99,10 @@ def test_bad_meshes_are_one_line_errors(tmp_path):
                         "--report", str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert p.returncode == 2 and len(lines) == 1 and "not a multiple of 3" in lines[0], p.stderr
+    # the global --mesh reaches diff's judge: the engine under test (megakernel) takes no mesh, so this error is
+    # the judge's
+    p = subprocess.run([sys.executable, "-m", "evalsuite.cli", "--mesh", "tp=3", "diff", "--model", "mini-llama",
+                        "--prompts", "quick", "--max-new-tokens", "2"], capture_output=True, text=True, timeout=300,
+                       env=env)
+    lines = [x for x in p.stderr.splitlines() if x.strip() and not x.startswith("diff:")]
+    assert p.returncode == 2 and len(lines) == 1 and "not a multiple of 3" in lines[0], p.stderr
