@@ -99,6 +99,12 @@ class Eager(LazyArray):
         return self.a[idx]
 
 
+def as_lazy(arrays) -> LazyArrays:
+    """Weights.arrays as LazyArrays: itself when lazy, else each in-memory array wrapped (Eager), so one placement
+    path (engines.reference.sharding.place_lazy) serves both."""
+    return arrays if isinstance(arrays, LazyArrays) else LazyArrays({k: Eager(v) for k, v in arrays.items()}, [0])
+
+
 class LazyArrays(Mapping):
     """Name -> LazyArray, as Weights.arrays: indexing by name materialises (and keeps) the whole array;
     lazy(name) gives the LazyArray itself. bytes_read: what every read copied out of the files so far."""

@@ -24,6 +24,7 @@ from engines.base import (
     use_compile_cache,
 )
 from engines.errors import ModelError
+from engines.lazy import as_lazy
 from engines.loop import MIN_PREFILL_BUCKET, cache_slots, forced_all, forced_from_decode, greedy_all
 from engines.reference import model, sharding
 from engines.weights import Weights
@@ -85,13 +86,11 @@ class ReferenceEngine(Engine):
         if mesh:
             self.mesh = sharding.make_mesh(sharding.parse_mesh(mesh), weights.config)
             self._in = partial(sharding.host_input, mesh=self.mesh)
-        if self.mesh is not None and weights.lazy:  # each device's slices read from the files, nothing else
-            self.params = sharding.place_lazy(weights.arrays, self.mesh, partial(_device_dtype, dtype=dtype),
+        if self.mesh is not None:  # each device gets its slices (from the files when the weights are lazy)
+            self.params = sharding.place_lazy(as_lazy(weights.arrays), self.mesh, partial(_device_dtype, dtype=dtype),
                                               PER_LAYER_SKIP)
         else:
             self.params = device_params(weights, dtype)
-            if self.mesh is not None:
-                self.params = sharding.place(self.params, self.mesh)
         self._weights = weights
         c, m = self.config, self.mesh
         self._score = jax.jit(partial(self._score_impl, c, m), static_argnames="want_taps")
@@ -270,9 +269,6 @@ class ReferenceEngine(Engine):
         """Empty K and V caches: per layer [batch, K, slots, hd]."""
         c = self.config
         shape = (batch, c.n_kv_heads, slots, c.head_dim)
-        if self.mesh is not None:
-            where = NamedSharding(self.mesh, sharding.cache_spec(self.mesh, batch))
-            return ([jnp.zeros(shape, jnp.float32, device=where) for _ in range(c.n_layers)],
-                    [jnp.zeros(shape, jnp.float32, device=where) for _ in range(c.n_layers)])
-        return ([jnp.zeros(shape, jnp.float32) for _ in range(c.n_layers)],
-                [jnp.zeros(shape, jnp.float32) for _ in range(c.n_layers)])
+        where = None if self.mesh is None else NamedSharding(self.mesh, sharding.cache_spec(self.mesh, batch))
+        return ([jnp.zeros(shape, jnp.float32, device=where) for _ in range(c.n_layers)],
+                [jnp.zeros(shape, jnp.float32, device=where) for _ in range(c.n_layers)])

@@ -108,16 +108,9 @@ def host_input(x, mesh: Mesh):
     return jax.device_put(np.asarray(x), NamedSharding(mesh, _P()))
 
 
-def place(params: dict, mesh: Mesh) -> dict:
-    """device_params' dict (per-layer lists) with every array put on the mesh by SPECS."""
-    def put(name: str, a):
-        return jax.device_put(a, NamedSharding(mesh, SPECS.get(name, _P())))
-
-    return {k: ([put(k, x) for x in v] if isinstance(v, list) else put(k, v)) for k, v in params.items()}
-
-
 def place_lazy(arrays, mesh: Mesh, dtype_of, whole: tuple[str, ...]) -> dict:
-    """device_params' dict straight from lazy weights (engines.lazy.LazyArrays): each array is built with
+    """device_params' dict on the mesh, from engines.lazy.LazyArrays (engines.lazy.as_lazy wraps in-memory
+    weights), every array placed by SPECS: each array is built with
     jax.make_array_from_callback, which asks for the slice each of this process's devices holds, so only those
     slices are read from the files (a shard's 1/tp of a tensor-parallel weight; replicated arrays whole, once
     per process). dtype_of(name): the device dtype; whole: the names kept as one array (not per layer)."""
