@@ -77,13 +77,16 @@ class Judge:
             self.ref += g
             if same is not None:  # the peers' judge (same dtype) and evalsuite's drift baseline
                 self.same += same.generate(ids, N, top_k=5, want_logits=True)
-                self.recipe += same.forced_topk(ids, [x.token_ids for x in g], 1, want_logits=True)
+                self.recipe += same.forced_topk(ids, [x.token_ids for x in g], 5, want_logits=True)
         if same is None:
             self.same = self.ref
         # bf16 on an MoE model: the reference's routing margins (float32, bf16 recipe) for diff's routing near-ties
         self.margins = [routing_margins(ref, same, p, g.token_ids) for (_, p), g in zip(prompts, self.ref)] \
             if same is not None and model.config.n_moe_layers else []
-        self.moved = max((float(np.abs(a - b).max()) for a, b in self.margins), default=None)
+        self.moved = max((float(np.max(mv)) for _, mv in self.margins if len(mv)), default=None)
+        tol = rule.Tolerances.for_dtype(dtype)  # as diff: where the recipe itself is beyond the bounds (witness)
+        self.witness = [rule.compare_prompt(g.token_ids, g.track(), r, None, tol)["real_positions"]
+                        for g, r in zip(self.ref, self.recipe)] if self.margins else []
 
 
 def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> dict:
@@ -108,17 +111,15 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> di
             n = c + i + 1
             rg, sg = judge.ref[c + i], judge.same[c + i]
             rec = rule.compare_prompt(rg.token_ids, rg.track(), fo, eg, tol)
-            keep = np.ones(len(rg.token_ids), bool)
             if judge.margins:  # as diff: real positions at the reference's routing near-ties are not judged
-                rt = rule.routing_ties([rec], {0: judge.margins[c + i]}, judge.moved)
+                rt = rule.routing_ties([rec], {0: judge.margins[c + i]}, judge.moved, {0: judge.witness[c + i]})
                 detail["routing_not_judged"] = detail.get("routing_not_judged", 0) + rt["positions_not_judged"]
-                keep = ~rt["tied"][0]
             detail["real_positions"] += len(rec["real_positions"])
             if fault is None and rec["real_positions"]:  # a false alarm: which prompt, which positions
                 detail["flagged"][prompts[c + i][0]] = rec["real_positions"]
             if dtype != "float32":
-                drift_e.append(rec["_drift"][keep])
-                drift_r.append(rule.metrics.kl(rg.logits, judge.recipe[c + i].logits)[keep])
+                drift_e.append(rec["_drift"])  # as diff: every position, routing near-ties included
+                drift_r.append(rule.metrics.kl(rg.logits, judge.recipe[c + i].logits))
             hits = {"evalsuite": bool(rec["real_positions"]),
                     "vllm": peers.vllm_rule(sg.token_ids, np.asarray(sg.top_ids), eg.token_ids,
                                             np.asarray(eg.top_ids))["caught"]}

@@ -109,12 +109,15 @@ class Scored:
     taps [L, T, D] float32 or None: the residual stream after each layer.
     routing_margins [T] float32 or None (MoE models, with taps): at each position, the smallest gap over the
     MoE layers between the k-th and (k+1)-th router choice scores; a near-tie there lets rounding change
-    the token's experts.
+    the token's experts. routing_layers [M, T]: that gap at each of the M MoE layers; routing_experts
+    [M, T, k]: the chosen experts' ids, ascending.
     """
 
     logits: np.ndarray
     taps: np.ndarray | None = None
     routing_margins: np.ndarray | None = None
+    routing_layers: np.ndarray | None = None
+    routing_experts: np.ndarray | None = None
 
 
 @dataclass

@@ -91,6 +91,14 @@ def make_engine(name: str, model: Model, dtype: str = "float32", fault: str | No
     return eng
 
 
+def judge(model: Model, dtype: str = "float32"):
+    """The reference as a judge (diff's, the golden files', their bf16 recipes), on the global mesh
+    (`evalsuite --mesh`): the one place a judge is built, so none is left unsharded."""
+    from engines.reference import ReferenceEngine
+
+    return ReferenceEngine(model.weights, dtype, mesh=default_mesh())
+
+
 def describe() -> list[dict]:
     """For `evalsuite engines`: each declared engine, whether it loads, and what it offers."""
     rows = []

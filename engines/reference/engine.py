@@ -119,8 +119,9 @@ class ReferenceEngine(Engine):
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         kc = [jnp.zeros((B, c.n_kv_heads, T, c.head_dim), jnp.float32)] * c.n_layers
         logits, _, _, extra = model.forward(p, c, tokens, positions, kc, kc, want_taps, fresh=True)
-        taps, margins = extra if want_taps else (None, None)
-        return sharding.replicate(logits, mesh), sharding.replicate(taps, mesh), sharding.replicate(margins, mesh)
+        taps, routing = extra if want_taps else (None, None)
+        return (sharding.replicate(logits, mesh), sharding.replicate(taps, mesh),
+                sharding.replicate(routing, mesh) if routing is not None else None)
 
     @staticmethod
     def _pick(logits, k, want_logits, mesh=None):
@@ -181,9 +182,11 @@ class ReferenceEngine(Engine):
             Tb = next_pow2(T, MIN_PREFILL_BUCKET)
             tokens = np.zeros((1, Tb), np.int32)
             tokens[0, :T] = s
-            logits, taps, margins = self._score(self.params, self._in(tokens), want_taps=want_taps)
+            logits, taps, routing = self._score(self.params, self._in(tokens), want_taps=want_taps)
+            margins, experts = (np.asarray(routing[0][:, 0, :T]), np.asarray(routing[1][:, 0, :T])) if routing \
+                else (None, None)
             out.append(Scored(np.asarray(logits[0, :T]), np.asarray(taps[:, 0, :T]) if want_taps else None,
-                              np.asarray(margins[0, :T]) if margins is not None else None))
+                              margins.min(axis=0) if margins is not None else None, margins, experts))
         return out
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,

@@ -151,13 +151,15 @@ def router_scores(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -
     return scores, scores + bias.astype(f32)
 
 
-def routing_margin(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -> jax.Array:
-    """[...]: the k-th choice score minus the (k+1)-th, how far the token's expert set is from changing (a
-    near-tie here lets a few ulps of rounding pick another expert)."""
+def routing_margin(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -> tuple[jax.Array, jax.Array]:
+    """(margin [...], experts [..., k]): the k-th choice score minus the (k+1)-th, how far the token's expert
+    set is from changing (a near-tie here lets a few ulps of rounding pick another expert), and the chosen
+    experts' ids in ascending order (two runs compare sets by them)."""
     if c.top_k >= c.n_experts:
-        return jnp.full(x.shape[:-1], jnp.inf, f32)
-    top, _ = jax.lax.top_k(router_scores(x, router, bias, c)[1], c.top_k + 1)
-    return top[..., c.top_k - 1] - top[..., c.top_k]
+        return (jnp.full(x.shape[:-1], jnp.inf, f32),
+                jnp.broadcast_to(jnp.arange(c.n_experts, dtype=jnp.int32), (*x.shape[:-1], c.n_experts)))
+    top, idx = jax.lax.top_k(router_scores(x, router, bias, c)[1], c.top_k + 1)
+    return top[..., c.top_k - 1] - top[..., c.top_k], jnp.sort(idx[..., :c.top_k], axis=-1)
 
 
 def route(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -> jax.Array:
@@ -212,7 +214,8 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
     Returns logits [B, T, V] float32 (or [B, V] at logit_index [B] when given: prefill needs only
     each row's last prompt position), the updated caches, and taps [L, B, T, D] (the residual
     stream after each layer, float32) when want_taps, else None. With want_taps the last value is the pair
-    (taps, margins): margins [B, T] the smallest routing_margin over the MoE layers (None without MoE).
+    (taps, routing): routing = (margins [M, B, T], experts [M, B, T, k]), routing_margin at each of the M MoE
+    layers (None without MoE).
     """
     B, T = tokens.shape
     k_cache, v_cache = list(k_cache), list(v_cache)
@@ -223,7 +226,7 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
              for kind in {c.kind(i) for i in range(c.n_layers)}}
     rows = jnp.arange(B)[:, None]  # [B, 1], broadcast with positions for the cache scatter
     eps, style = c.rms_eps, c.norm_style
-    taps, margins = [], []
+    taps, routing = [], []
     for layer in range(c.n_layers):
         cos, sin = ropes[c.kind(layer)]
         h = rms_norm(x, p["attn_norm"][layer], eps, style)
@@ -257,7 +260,7 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
             m = layer - c.n_dense_layers
             out = moe(h, p, m, c)
             if want_taps:
-                margins.append(routing_margin(h, p["router"][m], p["router_bias"][m], c))
+                routing.append(routing_margin(h, p["router"][m], p["router_bias"][m], c))
         x = x + (rms_norm(out, p["post_mlp_norm"][layer], eps, style) if c.post_norms else out)
         if want_taps:
             taps.append(x.astype(f32))
@@ -270,4 +273,4 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
         logits = f32(c.final_softcap) * jnp.tanh(logits / f32(c.final_softcap))
     if not want_taps:
         return logits, k_cache, v_cache, None
-    return logits, k_cache, v_cache, (jnp.stack(taps), jnp.stack(margins).min(axis=0) if margins else None)
+    return logits, k_cache, v_cache, (jnp.stack(taps), tuple(jnp.stack(v) for v in zip(*routing)) if routing else None)

@@ -33,10 +33,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from engines.loop import batches
-from engines.reference import ReferenceEngine
 from evalsuite.compare import metrics, rule
-from evalsuite.distributed import default_mesh
-from evalsuite.engines import make_engine
+from evalsuite.engines import judge, make_engine
 from evalsuite.errors import SpecError
 from evalsuite.prompts import load_prompts
 from evalsuite.registry import load_model
@@ -102,9 +100,8 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
             encoded.append((p, ids))
     if not encoded:
         raise SpecError(f"no prompt of {pset.name} fits {spec.model}'s context of {c.max_context}")
-    mesh = default_mesh()  # evalsuite --mesh: the judge (and its bf16 recipe) sharded like any reference
-    ref = ReferenceEngine(model.weights, "float32", mesh=mesh)
-    recipe = ReferenceEngine(model.weights, spec.dtype, mesh=mesh) if spec.dtype != "float32" else None
+    ref = judge(model)  # on the global mesh (evalsuite --mesh), as its bf16 recipe
+    recipe = judge(model, spec.dtype) if spec.dtype != "float32" else None
     eng = make_engine(spec.engine, model, spec.dtype, spec.fault, spec.remote, dict(spec.engine_options))
     caps = eng.capabilities
     # what this engine cannot show is said ("not checked"); what blocks a PASS is listed apart
@@ -132,6 +129,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
     # bf16 on an MoE model: the reference's routing margins (float32 and its bf16 recipe) at every position
     routed = recipe is not None and c.n_moe_layers > 0
     margins: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    witness: dict[int, list[int]] = {}
     groups = [[order[k] for k in g] for g in batches([len(encoded[i][1]) for i in order], spec.batch)]
     for bi, idx in enumerate(groups):
         progress(f"diff: batch {bi + 1}/{len(groups)} ({len(idx)} prompts, {N} tokens)")
@@ -141,7 +139,10 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
         egen = eng.generate(prompts, N, top_k=5)
         text_only = [_resolve_by_text(model.tokenizer, rg, eg) for rg, eg in zip(rgen, egen)]
         forced = eng.forced_topk(prompts, rtoks, 5, want_logits=caps.logits) if caps.forced else [None] * len(idx)
-        rec = recipe.forced_topk(prompts, rtoks, 1, want_logits=caps.logits) if recipe else [None] * len(idx)
+        # the bf16 recipe along the reference's tokens: the drift baseline, and on an MoE model (top-5, logits)
+        # the witness of where the reference's own bf16 rounding is beyond the bounds (rule.routing_ties)
+        rec = recipe.forced_topk(prompts, rtoks, 5 if routed else 1, want_logits=caps.logits or routed) \
+            if recipe else [None] * len(idx)
         for i, rg, eg, fo, rl, how in zip(idx, rgen, egen, forced, rec, text_only):
             if how == "unresolved":  # the server's text differs and its ids cannot be recovered: not judged
                 blocking.append(f"prompt {encoded[i][0].id}: the server returned no token ids and its text is not "
@@ -163,6 +164,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
                               else np.abs(rl.token_logprobs - track.token_logprobs))
             if routed:
                 margins[i] = routing_margins(ref, recipe, encoded[i][1], rg.token_ids)
+                witness[i] = rule.compare_prompt(rg.token_ids, track, rl, None, tol)["real_positions"]
             tracks[i] = rg.token_ids
             matched.extend(float(x) for x in rec.pop("_matched"))
             rec.pop("_drift")
@@ -172,12 +174,15 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
                 fdv["reference_text"] = model.tokenizer.decode([fdv["reference_token"]])
                 fdv["engine_text"] = model.tokenizer.decode([fdv["engine_token"]])
             per_prompt[i] = {"id": p.id, "kind": p.kind, "prompt_tokens": len(rg.prompt_ids), **rec}
-    routing = rule.routing_ties(per_prompt, margins) if routed else None
+    routing = rule.routing_ties(per_prompt, margins, witness=witness) if routed else None
     if routing and routing["positions_not_judged"]:
         blocking.append(routing["note"])
-    keep = {i: ~routing["tied"][i] for i in margins} if routing else {}  # drift away from routing near-ties
-    drift = rule.drift_check([v[keep[i]] if i in keep else v for i, v in sorted(drift_e.items())],
-                             [v[keep[i]] if i in keep else v for i, v in sorted(drift_r.items())], spec.dtype)
+    # drift over every position, routing near-ties included: the engine and the recipe both flip experts at
+    # near-ties, so their mean divergences compare like with like. Masking the near-ties (until 2026-12-02)
+    # left 3 of mini-moe's 264 quick positions, so no drift check; unmasked, the faithful bf16 megakernel's
+    # ratio was 0.84 and the three MoE faults' 1.1e4-2.0e5 (bound 1.3).
+    drift = rule.drift_check([v for _, v in sorted(drift_e.items())], [v for _, v in sorted(drift_r.items())],
+                             spec.dtype)
     first_real = next(((i, r["real_positions"][0], tracks[i]) for i, r in enumerate(per_prompt)
                        if r["real_positions"]), None)
     if spec.dtype != "float32" and not drift["checked"]:
@@ -255,12 +260,14 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
 
 
 def routing_margins(ref, recipe, prompt, track) -> tuple[np.ndarray, np.ndarray]:
-    """The routing margin (engines.reference.model.routing_margin) at each position that predicts a token of
-    track, from the float32 reference and from its bf16 recipe (one teacher-forced forward each)."""
+    """(margins, moves): the float32 reference's routing margin (engines.reference.model.routing_margin,
+    smallest over the MoE layers) at each position that predicts a token of track, and how far its bf16
+    recipe's rounding moves the router on the whole sequence, prompt included (rule.routing_move); one
+    teacher-forced forward each."""
     seq = list(prompt) + list(track[:-1])
-    at = slice(len(prompt) - 1, len(seq))
-    return (ref.score([seq], want_taps=True)[0].routing_margins[at],
-            recipe.score([seq], want_taps=True)[0].routing_margins[at])
+    a, b = ref.score([seq], want_taps=True)[0], recipe.score([seq], want_taps=True)[0]
+    return (a.routing_margins[len(prompt) - 1:],
+            rule.routing_move(a.routing_layers, a.routing_experts, b.routing_layers, b.routing_experts))
 
 
 def _resolve_by_text(tok, rg, eg) -> str | None:
