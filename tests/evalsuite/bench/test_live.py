@@ -21,10 +21,11 @@ def test_judge_generation_gsm8k_takes_the_last_number():
     assert not judge_generation(GSM, " no number")
 
 
-def test_judge_generation_gpqa_letter():
+def test_judge_generation_gpqa_letter_is_the_last_parenthesised_one():
     assert judge_generation(GPQA, "Thinking... The answer is (C).")
-    assert judge_generation(GPQA, "so the answer is c")
-    assert not judge_generation(GPQA, "The answer is (B)")
+    assert judge_generation(GPQA, "(A) is wrong, (B) too; so the answer is (c)")
+    assert not judge_generation(GPQA, "The answer is (C)? No: (B)")  # flexible-extract takes the last
+    assert not judge_generation(GPQA, "so the answer is c")  # no parentheses: flexible-extract finds nothing
     assert not judge_generation(GPQA, "I cannot tell")
     assert judge_generation({"x": 1}, "anything") is None
 
