@@ -10,6 +10,7 @@ whole model. LazyArrays, the dict of them, materialises a whole array only when 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -44,31 +45,35 @@ class LazyArray:
         return a if dtype is None else a.astype(dtype)
 
 
+@functools.lru_cache(maxsize=64)
+def _handle(path: str, mtime_ns: int):
+    """One open safetensors file per path and modification time: its header is parsed once, not on every
+    slice read (a sharded load reads each tensor once per local device)."""
+    from safetensors import safe_open
+
+    return safe_open(path, framework="np")
+
+
 class Tensor(LazyArray):
     """One tensor of a safetensors file, optionally transposed (HF stores (out, in); evalsuite (in, out))."""
 
     def __init__(self, file: Path, key: str, transpose: bool, counter: list[int]):
-        from safetensors import safe_open
-
         self.file, self.key, self.transpose, self.counter = file, key, transpose, counter
-        with safe_open(str(file), framework="np") as f:
-            shape = tuple(f.get_slice(key).get_shape())
+        self.mtime_ns = Path(file).stat().st_mtime_ns
+        shape = tuple(self._f().get_slice(key).get_shape())
         self.shape = shape[::-1] if transpose else shape
+
+    def _f(self):
+        return _handle(str(self.file), self.mtime_ns)
 
     def raw(self) -> np.ndarray:
         """The whole tensor in its stored dtype (MXFP4 blocks and scales are bytes, not floats)."""
-        from safetensors import safe_open
-
-        with safe_open(str(self.file), framework="np") as f:
-            out = f.get_tensor(self.key)
+        out = self._f().get_tensor(self.key)
         self.counter[0] += out.nbytes
         return out
 
     def read(self, idx: tuple) -> np.ndarray:
-        from safetensors import safe_open
-
-        with safe_open(str(self.file), framework="np") as f:
-            part = f.get_slice(self.key)[idx[::-1] if self.transpose else idx]
+        part = self._f().get_slice(self.key)[idx[::-1] if self.transpose else idx]
         part = np.asarray(part, dtype=np.float32)
         self.counter[0] += part.nbytes
         return part.T if self.transpose else part
