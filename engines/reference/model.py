@@ -72,7 +72,11 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, window
     # Attention runs in float32 whatever the activation dtype (XLA on CPU has no bf16 x bf16 -> f32
     # batched dot, and the cache is small next to the weights).
     qg, k, v = qg.astype(f32), k.astype(f32), v.astype(f32)
-    scores = jnp.einsum("bkqd,bksd->bkqs", qg, k)
+    if T == 1:  # a decode step: G matrix-vector products; the batched [G, hd] x [hd, S] product transposes
+        # the cache first (9.9 -> 4.8 ms a layer at B=32, S=1,024, measured with XLA on this CPU)
+        scores = jnp.stack([jnp.einsum("bkd,bksd->bks", qg[:, :, g], k) for g in range(G)], axis=2)
+    else:
+        scores = jnp.einsum("bkqd,bksd->bkqs", qg, k)
     scores = scores * f32(scale) if scale else scores / jnp.sqrt(f32(hd))
     if softcap:
         scores = f32(softcap) * jnp.tanh(scores / f32(softcap))
