@@ -41,6 +41,7 @@ from engines.openai.probe import CANARY_PROMPT  # noqa: F401
 TIMEOUT_S = 300.0  # one request; a batch of 16 prompts x 256 tokens on a CPU server can take minutes
 ROWS_PER_REQUEST = 16  # prompts per /v1/completions call (where the server takes several)
 CONCURRENT_REQUESTS = 4  # in flight at once (the server batches what arrives together)
+ECHO_CONCURRENT = 8  # teacher-forced (echo) requests in flight at once, one prompt each
 
 
 @dataclass(frozen=True)
@@ -225,13 +226,17 @@ class OpenAIEngine(Engine):
 
         return self.post(f"{self.base}/completions", body, attempts=attempts, check=ok)
 
-    def completion(self, prompt, max_tokens, logprobs, echo, ignore_eos=False, stop=(), decode_from: int | None = None):
-        """One /v1/completions call for one prompt (ids) or several (a list of id lists)."""
+    def completion(self, prompt, max_tokens, logprobs, echo, ignore_eos=False, stop=(), decode_from: int | None = None,
+                   logprobs_from: int | None = None):
+        """One /v1/completions call for one prompt (ids) or several (a list of id lists). decode_from and
+        logprobs_from: evalsuite serve's echo extensions (evalsuite/serve/app.py)."""
         rows = prompt if prompt and isinstance(prompt[0], (list, tuple)) else [prompt]
         wire = [self.wire_prompt(p) for p in rows]
         body = {"prompt": wire if len(rows) > 1 else wire[0], "max_tokens": max_tokens, "echo": echo}
         if decode_from is not None and decode_from >= 1:  # evalsuite serve's extension (see serve.py)
             body["echo_decode_from"] = decode_from
+        if logprobs_from is not None and logprobs_from >= 1:
+            body["echo_logprobs_from"] = logprobs_from
         if logprobs is not None:
             body["logprobs"] = logprobs
         if ignore_eos:
@@ -310,16 +315,23 @@ class OpenAIEngine(Engine):
                              "impossible over it")
         if want_logits:
             raise ModelError("the openai engine cannot return full-vocabulary logits")
-        out = []
-        for p, x in zip(prompts, continuations):
+        def one(px):
+            p, x = px
             seq = list(map(int, p)) + list(map(int, x))
-            r = self.completion(seq, 1, k, True, decode_from=len(p) - 1 if self.echo_path == "decode" else None)
+            if self.echo_path == "decode":  # evalsuite serve: no token generated, the prompt's positions skipped
+                r = self.completion(seq, 0, k, True, decode_from=len(p) - 1, logprobs_from=len(p))
+            else:
+                r = self.completion(seq, 1, k, True)
             lp = r["choices"][0].get("logprobs") or {}
             if len(lp.get("token_logprobs") or []) < len(seq):
                 raise ModelError(f"POST {self.base}/completions: echo returned {len(lp.get('token_logprobs') or [])} "
                                  f"logprobs for {len(seq)} prompt tokens")
-            out.append(Forced(*parse.echo_rows(self.tok, lp, len(p), seq, k)))
-        return out
+            return Forced(*parse.echo_rows(self.tok, lp, len(p), seq, k))
+
+        # one echo request per prompt (the API's echo takes one prompt), ECHO_CONCURRENT in flight: a server
+        # that batches concurrent requests (evalsuite serve does) scores them in one engine call
+        with ThreadPoolExecutor(max_workers=ECHO_CONCURRENT) as pool:
+            return list(pool.map(one, zip(prompts, continuations)))
 
 
 def _with_context(c: Config, n: int) -> Config:

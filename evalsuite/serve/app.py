@@ -7,8 +7,9 @@ Greedy only: temperature absent or 0 (a request for sampling is a 400, never sil
 Extensions to the OpenAI shapes (as vLLM's `return_token_ids`): every choice carries `token_ids`
 (all generated ids, including any that produced a stop string or the end-of-turn id) and
 `prompt_token_ids`; completions carry `evalsuite.batch_rows` (rows in the engine call that served
-it) and their `logprobs` carry `top_logprobs_by_id` ([[id, logprob], ...] per position), since the
-token-string keys of `top_logprobs` can collide.
+it; `echo_batch_rows` for the teacher-forced call that scored an echo) and their `logprobs` carry
+`top_logprobs_by_id` ([[id, logprob], ...] per position), since the token-string keys of
+`top_logprobs` can collide.
 
 Logprobs: those of generated tokens come from the engine's decode path, and so do echo's prompt
 logprobs by default (teacher-forced through decode steps, `forced_topk`), so that a check over
@@ -16,11 +17,14 @@ the API exercises the path under test: a decode-only kernel bug shows in golden 
 loglikelihood scores. The extension field `echo_decode_from` (int, default 1) prefills the first
 positions instead (a client scoring a continuation sends the continuation's start). Each
 response says which path produced its echo logprobs (`evalsuite.echo_path`, `echo_decode_from`).
-The first prompt token has none (null).
+The first prompt token has none (null), nor has any position before the extension field
+`echo_logprobs_from` (int, default 1): those are not computed (a client scoring only a continuation
+sends its start, and the server skips the prompt's forward pass).
 
 Concurrency: requests queue; one worker batches those that arrive within BATCH_WAIT_S and share
-(max_tokens, stop strings, logprobs k) into one engine call, and runs every engine call on one
-thread, so rows never mix. Bounds: MAX_BODY_BYTES, MAX_TOKENS, MAX_PROMPTS, MAX_LOGPROBS,
+(max_tokens, stop strings, logprobs k) into one engine call, a second batches concurrent echoes'
+teacher-forced scoring into one forced_topk call, and every engine call runs on one thread, so
+rows never mix. Bounds: MAX_BODY_BYTES, MAX_TOKENS, MAX_PROMPTS, MAX_LOGPROBS,
 MAX_QUEUE; violations are 4xx with an OpenAI-style error body, and the server keeps serving.
 """
 
@@ -114,6 +118,9 @@ def build_app(engine, model, served_name: str, info: dict | None = None):
         decode_from = body.get("echo_decode_from", 1)
         if not isinstance(decode_from, int) or isinstance(decode_from, bool) or decode_from < 1:
             raise APIError(400, "echo_decode_from must be an integer >= 1", param="echo_decode_from")
+        logprobs_from = body.get("echo_logprobs_from", 1)
+        if not isinstance(logprobs_from, int) or isinstance(logprobs_from, bool) or logprobs_from < 1:
+            raise APIError(400, "echo_logprobs_from must be an integer >= 1", param="echo_logprobs_from")
         k = body.get("logprobs")
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_LOGPROBS):
             raise APIError(400, f"logprobs must be an integer in [0, {MAX_LOGPROBS}]", param="logprobs")
@@ -123,7 +130,7 @@ def build_app(engine, model, served_name: str, info: dict | None = None):
         ignore_eos = bool(body.get("ignore_eos", False))
         job = Job(prompts, max_tokens, stops, k or 0, ignore_eos)
         gens = await srv.submit(job) if max_tokens else [None] * len(prompts)
-        choices, n_gen = [], 0
+        choices, n_gen, echo_rows = [], 0, 0
         for i, (ids, g) in enumerate(zip(prompts, gens)):
             gen_ids = g.token_ids if g is not None else []
             n_gen += len(gen_ids)
@@ -134,16 +141,18 @@ def build_app(engine, model, served_name: str, info: dict | None = None):
                 toks, tlps, tops, by_id, offsets = [], [], [], [], []
                 pos = 0
                 if echo:
-                    pl = await srv.prompt_logprobs(ids, k, decode_from)
+                    first = min(logprobs_from, max(len(ids) - 1, 1))
+                    pl, rows = await srv.prompt_logprobs(ids, k, decode_from, first)
+                    echo_rows = max(echo_rows, rows)
                     for t, tid in enumerate(ids):
                         s = tok.decode([tid])
                         toks.append(s)
                         offsets.append(pos)
                         pos += len(s)
-                        if t == 0:
+                        if t < first:
                             tlps.append(None), tops.append(None), by_id.append(None)
                         else:
-                            lpv, top = pl[t - 1]
+                            lpv, top = pl[t - first]
                             tlps.append(lpv)
                             tops.append({tok.decode([a]): b for a, b in top[:k]} if k else {})
                             by_id.append([[a, b] for a, b in top[:k]])
@@ -166,7 +175,8 @@ def build_app(engine, model, served_name: str, info: dict | None = None):
                              "model": srv.name, "choices": choices,
                              "evalsuite": {"batch_rows": job.batched_with,
                                            "echo_path": engine.capabilities.forced_path if echo else None,
-                                           "echo_decode_from": decode_from if echo else None},
+                                           "echo_decode_from": decode_from if echo else None,
+                                           "echo_batch_rows": echo_rows if echo else None},
                              "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen,
                                        "total_tokens": n_prompt + n_gen}})
 
@@ -214,7 +224,7 @@ def build_app(engine, model, served_name: str, info: dict | None = None):
     async def lifespan(app):
         await srv.start()
         yield
-        srv.worker.cancel()
+        srv.stop()
         srv.pool.shutdown(wait=False, cancel_futures=True)
 
     app = Starlette(routes=routes, lifespan=lifespan)

@@ -1,6 +1,7 @@
-"""The batching worker of `evalsuite serve`: requests queue; one worker batches those that arrive within
+"""The batching workers of `evalsuite serve`: requests queue; one worker batches those that arrive within
 BATCH_WAIT_S and share (max_tokens, stop strings, logprobs k, ignore_eos) into engine calls of at most
-the engine's max_batch rows, all on one thread, so rows never mix."""
+the engine's max_batch rows; a second batches the teacher-forced (echo) scoring of concurrent requests
+into one forced_topk call the same way. Both run the engine on one thread, so calls never overlap."""
 
 from __future__ import annotations
 
@@ -27,6 +28,16 @@ class Job:
     batched_with: int = 0  # rows of the engine batch this job ran in (reported as evalsuite.batch_rows)
 
 
+@dataclass
+class ForcedJob:
+    """One echo request's decode-path part: the engine teacher-forced along cont after prefix."""
+    prefix: list[int]
+    cont: list[int]
+    k: int
+    future: asyncio.Future = field(default=None)
+    batched_with: int = 0  # rows of the forced_topk call it ran in (reported as evalsuite.echo_batch_rows)
+
+
 class Server:
     """The engine, its tokenizer, and the batching worker."""
 
@@ -37,13 +48,23 @@ class Server:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.queue: asyncio.Queue | None = None
         self.worker: asyncio.Task | None = None
+        self.forced_queue: asyncio.Queue | None = None
+        self.forced_worker: asyncio.Task | None = None
         self.batches_run = 0
+        self.forced_batches_run = 0
         self.created = int(time.time())
 
     # ---- the worker --------------------------------------------------------------------------
     async def start(self) -> None:
         self.queue = asyncio.Queue(maxsize=MAX_QUEUE)
         self.worker = asyncio.create_task(self._work())
+        self.forced_queue = asyncio.Queue(maxsize=MAX_QUEUE)
+        self.forced_worker = asyncio.create_task(self._work_forced())
+
+    def stop(self) -> None:
+        for t in (self.worker, self.forced_worker):
+            if t is not None:
+                t.cancel()
 
     async def submit(self, job: Job):
         job.future = asyncio.get_running_loop().create_future()
@@ -84,32 +105,76 @@ class Server:
                         j.future.set_result(gens[:n])
                     gens = gens[n:]
 
+    async def _forced(self, prefix: list[int], cont: list[int], k: int) -> tuple[Forced, int]:
+        """The engine teacher-forced along cont after prefix, and the rows of the call it ran in."""
+        job = ForcedJob(prefix, cont, k, asyncio.get_running_loop().create_future())
+        try:
+            self.forced_queue.put_nowait(job)
+        except asyncio.QueueFull:
+            raise APIError(503, f"server busy: {MAX_QUEUE} requests queued; retry later", "server_busy") from None
+        return await job.future, job.batched_with
+
+    async def _work_forced(self) -> None:
+        """Echo scoring of the requests that arrive together, in one forced_topk call per k (rows of
+        different lengths are the engine's to pad; a faithful engine scores a row the same in any batch)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            jobs = [await self.forced_queue.get()]
+            await asyncio.sleep(BATCH_WAIT_S)
+            while not self.forced_queue.empty():
+                jobs.append(self.forced_queue.get_nowait())
+            by_k: dict[int, list[ForcedJob]] = {}
+            for j in jobs:
+                by_k.setdefault(j.k, []).append(j)
+            cap = self.engine.max_batch
+            for k, group in by_k.items():
+                for s in range(0, len(group), cap):
+                    part = group[s:s + cap]
+                    try:
+                        out = await loop.run_in_executor(self.pool, self.engine.forced_topk,
+                                                         [j.prefix for j in part], [j.cont for j in part], k)
+                        self.forced_batches_run += 1
+                    except Exception as e:  # one bad batch must not stop the server
+                        for j in part:
+                            if not j.future.done():
+                                j.future.set_exception(e)
+                        continue
+                    for j, f in zip(part, out):
+                        j.batched_with = len(part)
+                        if not j.future.done():
+                            j.future.set_result(f)
+
     def _generate(self, prompts, max_tokens, stops, k, ignore_eos):
         return self.engine.generate(prompts, max_tokens, stop_ids=() if ignore_eos else self.tok.eos_ids,
                                     top_k=max(k, 1), stop_check=stop_check(self.tok, stops))
 
-    async def prompt_logprobs(self, ids: list[int], k: int, decode_from: int = 1):
-        """Per prompt position t >= 1: (logprob of ids[t], top-k [(id, logprob)]). Positions from
-        decode_from on come from the engine's decode path (forced_topk); those before it from a forward
-        pass (score) where the engine has full logits, else from its decode path too."""
+    async def prompt_logprobs(self, ids: list[int], k: int, decode_from: int = 1,
+                              first: int = 1) -> tuple[list[tuple[float, list]], int]:
+        """Per prompt position t >= first (>= 1): (logprob of ids[t], top-k [(id, logprob)]), and the rows
+        of the engine call that scored the decode-path part. Positions from decode_from on come from the
+        engine's decode path (forced_topk); those before it from a forward pass (score) where the engine
+        has full logits, else from its decode path too."""
         if len(ids) < 2:
-            return []
-        s = min(max(1, decode_from), len(ids) - 1)
+            return [], 0
+        first = min(max(1, first), len(ids) - 1)
+        s = min(max(first, decode_from), len(ids) - 1)  # nothing before first is computed
         loop = asyncio.get_running_loop()
         kk = max(k, 1)
         parts = []
-        if s > 1 and self.engine.capabilities.logits:
+        if s > first and self.engine.capabilities.logits:
             scored = await loop.run_in_executor(self.pool, self.engine.score, [ids[:s - 1]])
-            parts.append(Forced.from_logits(scored[0].logits, ids[1:s], kk, keep_logits=False))
-        elif s > 1:
-            parts += await loop.run_in_executor(self.pool, self.engine.forced_topk, [ids[:1]], [ids[1:s]], kk)
-        parts += await loop.run_in_executor(self.pool, self.engine.forced_topk, [ids[:s]], [ids[s:]], kk)
+            f = Forced.from_logits(scored[0].logits[first - 1:], ids[first:s], kk, keep_logits=False)
+            parts.append(f)
+        elif s > first:
+            parts.append((await self._forced(ids[:first], ids[first:s], kk))[0])
+        f, rows = await self._forced(ids[:s], ids[s:], kk)  # batched with concurrent requests
+        parts.append(f)
         out = []
         for f in parts:
             for j in range(len(f.token_logprobs)):
                 out.append((float(f.token_logprobs[j]),
                             [(int(a), float(b)) for a, b in zip(f.top_ids[j][:kk], f.top_logprobs[j][:kk])]))
-        return out
+        return out, rows
 
 
 SELF_CHECK_PROMPT = "The capital of France is"

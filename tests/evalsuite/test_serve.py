@@ -249,3 +249,38 @@ def test_golden_check_over_the_api(mini_server):
     assert p.returncode == 0 and r["verdict"] == "PASS", r
     s = r["models"]["mini-llama"]["summary"]
     assert s["positions"] > 0 and s["max_dlogprob"] <= 1e-3 and "teacher-forced by its decode path" in s["measure"]
+
+
+def test_echo_from_a_position_and_concurrent_echoes_batch(mini_server):
+    """`echo_logprobs_from` skips the prompt's positions before it (null, not computed) and leaves the
+    rest as a full echo gives them; concurrent echoes are scored in one forced_topk call
+    (`echo_batch_rows` > 1) with the logprobs they get one at a time (what made a served `diff` 1.8x
+    faster: benchmarks/false_alarms.py)."""
+    def echo(ids, **extra):
+        code, r = post(mini_server + "/v1/completions", {"prompt": ids, "max_tokens": 0, "temperature": 0,
+                                                          "logprobs": 2, "echo": True, **extra})
+        assert code == 200, r
+        return r["choices"][0]["logprobs"], r["evalsuite"]["echo_batch_rows"]
+
+    ids = [[5 + 7 * i + j for j in range(9 + i)] for i in range(6)]
+    full, rows = echo(ids[0])
+    assert rows == 1 and full["token_logprobs"][0] is None and None not in full["token_logprobs"][1:]
+    part, _ = echo(ids[0], echo_logprobs_from=6, echo_decode_from=5)
+    assert part["token_logprobs"][:6] == [None] * 6 and part["top_logprobs_by_id"][:6] == [None] * 6
+    assert [t for t, _ in part["top_logprobs_by_id"][6][:1]] == [t for t, _ in full["top_logprobs_by_id"][6][:1]]
+    assert max(abs(a - b) for a, b in zip(part["token_logprobs"][6:], full["token_logprobs"][6:])) < 1e-4
+    code, _ = post(mini_server + "/v1/completions", {"prompt": ids[0], "max_tokens": 0, "echo": True, "logprobs": 1,
+                                                     "echo_logprobs_from": 0})
+    assert code == 400
+    alone = [echo(x, echo_decode_from=len(x) - 3, echo_logprobs_from=len(x) - 2)[0] for x in ids]
+    out: dict[int, tuple] = {}
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(
+        i, echo(ids[i], echo_decode_from=len(ids[i]) - 3, echo_logprobs_from=len(ids[i]) - 2))) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(out[i][1] for i in range(6)) > 1  # scored together
+    for i in range(6):
+        got, want = out[i][0]["token_logprobs"][-2:], alone[i]["token_logprobs"][-2:]
+        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5, (i, got, want)
