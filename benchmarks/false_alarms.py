@@ -58,6 +58,18 @@ def _run_diff(args: list[str], report: Path) -> dict:
             "wall_s": round(wall, 1), "peak_rss_children_gb": round(usage.ru_maxrss / 2**20, 2)}
 
 
+def _commit() -> str | None:
+    """The checkout's commit (+ "-dirty" with uncommitted changes), or None outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def summary(chunks: list[dict]) -> dict:
     """The whole run from its chunks: prompts judged, flagged, the bounds on the false-alarm rate."""
     n = sum(c["prompts"] for c in chunks)
@@ -67,6 +79,7 @@ def summary(chunks: list[dict]) -> dict:
             "verdicts": sorted({c["verdict"] for c in chunks}),
             "benign_divergences": sum(c["benign_divergences"] for c in chunks),
             "wall_s": round(sum(c["wall_s"] for c in chunks), 1),
+            "commits": sorted({str(c.get("commit")) for c in chunks}),
             "peak_rss_gb": max((c["peak_rss_children_gb"] for c in chunks), default=None)}
 
 
@@ -131,6 +144,7 @@ def main(argv=None) -> int:
     lines = prompts.read_text().splitlines()
     modes = ["served"] if a.only_served else ["in-process"] + (["served"] if a.served else [])
     server = Server(a.model, a.dtype)
+    commit = _commit()  # per chunk: a run resumed over several sessions may span commits
     t0 = time.time()
     try:
         for mode in modes:
@@ -146,7 +160,8 @@ def main(argv=None) -> int:
                     args += ["--engine", "openai", "--base-url", server.start()]
                 print(f"[{time.strftime('%H:%M:%S')}] {mode} {a.dtype}: prompts {c + 1}-{c + a.chunk}", file=sys.stderr,
                       flush=True)
-                done[key] = {"mode": mode, "first": c, **_run_diff(args, reports / f"{mode}-{a.dtype}-{c}")}
+                done[key] = {"mode": mode, "first": c, "commit": commit,
+                             **_run_diff(args, reports / f"{mode}-{a.dtype}-{c}")}
                 r = done[key]
                 print(f"  {r['verdict']}, {len(r['flagged'])} flagged, {r['wall_s']} s", file=sys.stderr, flush=True)
                 result = {"settings": settings, "prompt_set": "benchmarks/make_prompts.py", "chunks": done,
