@@ -83,3 +83,6 @@ def test_golden_check_in_bf16_takes_routing_ties_out_and_still_fails_a_router_bu
     assert own.summary["routing"]["positions_not_judged"] >= 1 and own.summary["routing"]["note"] in own.not_checked
     bad = golden.check("mini-moe", "megakernel", dtype="bfloat16", fault="router_second_choice")
     assert bad.verdict == "FAIL" and bad.summary["mismatching_positions"] > 0
+    # and by the bf16 drift check, which needs no judged position (measured 108x, bound 1.3)
+    assert bad.summary["bf16_drift"]["checked"] and not bad.summary["bf16_drift"]["ok"]
+    assert any(p.startswith("bf16 drift") for p in bad.problems)
