@@ -34,7 +34,9 @@ def prompts(smollm2):
     return [tok.encode(p) for p in RAW] + [tok.encode_chat(p) for p in CHAT]
 
 
-def test_f32_greedy_identical_on_12_prompts(smollm2, smollm2_ref, prompts):
+def test_f32_greedy_identical_on_8_prompts(smollm2, smollm2_ref, prompts):
+    """Four raw and four chat prompts in CI (54 s for all 12; test_bf16_report, heavy, keeps the 12)."""
+    prompts = prompts[:4] + prompts[len(RAW):len(RAW) + 4]
     want = smollm2_ref.generate(prompts, N_TOKENS)
     got = MegakernelEngine(smollm2.weights).generate(prompts, N_TOKENS)
     same = [a.token_ids == b.token_ids for a, b in zip(want, got)]

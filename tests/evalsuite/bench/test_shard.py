@@ -24,7 +24,7 @@ def records(d: Path, engine: str) -> list[dict]:
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("shards")
     for name, shard in (("full", None), ("s0", "0/2"), ("s1", "1/2")):
-        run_benchmark(RunSpec(task="gsm8k", model="mini-llama", limit=6, output=str(root / name), shard=shard))
+        run_benchmark(RunSpec(task="gsm8k", model="mini-llama", limit=4, output=str(root / name), shard=shard))
     return root
 
 
@@ -37,7 +37,7 @@ def test_merge_equals_the_unsharded_run(runs):
         # each shard computed (and journaled) only its own items: one generation request per gsm8k item
         assert {r["doc_id"] % 2 for r in records(runs / "s1", engine)} == {1}
         journal = (runs / "s1" / engine / "journal.jsonl").read_text().splitlines()
-        assert len([x for x in journal if '"kind": "gen"' in x]) == len(records(runs / "s1", engine)) == 3
+        assert len([x for x in journal if '"kind": "gen"' in x]) == len(records(runs / "s1", engine)) == 2
         assert merged["engines"][engine]["accuracy"] == full["engines"][engine]["accuracy"]
     assert (merged["verdict"], merged["items"], merged["paired"]) == (full["verdict"], full["items"], full["paired"])
     assert merged["spec"]["shard"] is None and len(merged["merged_from"]) == 2
