@@ -59,8 +59,7 @@ def update(model_name: str, directory: Path | None = None) -> Path:
     set_name, n = _settings(model_name)
     model = load_model(model_name)
     pset = load_prompts(set_name)
-    mesh = distributed.default_mesh()  # evalsuite --mesh: a model too big for one device (recorded below)
-    ref = judge(model)
+    ref = judge(model)  # on evalsuite --mesh when given (a model too big for one device): recorded below
     ids = [p.encode(model.tokenizer) for p in pset.prompts]
     gens = ref.generate(ids, n, top_k=TOP_K)
     doc = {
@@ -70,7 +69,7 @@ def update(model_name: str, directory: Path | None = None) -> Path:
                    "settings": {"max_new_tokens": n, "top_k": TOP_K, "greedy": True, "stop_ids": []},
                    "seed": 0, "seed_note": "greedy decoding makes no random choice; recorded for the format",
                    "versions": versions(), "produced_by": "evalsuite golden update",
-                   **({"mesh": mesh} if mesh else {})},
+                   **({"mesh": dict(ref.mesh.shape)} if ref.mesh is not None else {})},
         "entries": {p.id: {"prompt_token_ids": i, "token_ids": g.token_ids,
                            "top_ids": g.top_ids.tolist(),
                            "top_logprobs": [[round(float(x), 6) for x in row] for row in g.top_logprobs]}
