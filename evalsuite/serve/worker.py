@@ -38,8 +38,17 @@ class ForcedJob:
     batched_with: int = 0  # rows of the forced_topk call it ran in (reported as evalsuite.echo_batch_rows)
 
 
+async def _arrived_together(queue: asyncio.Queue) -> list:
+    """The next job, and every job queued within BATCH_WAIT_S of it."""
+    jobs = [await queue.get()]
+    await asyncio.sleep(BATCH_WAIT_S)
+    while not queue.empty():
+        jobs.append(queue.get_nowait())
+    return jobs
+
+
 class Server:
-    """The engine, its tokenizer, and the batching worker."""
+    """The engine, its tokenizer, and the batching workers."""
 
     def __init__(self, engine, model, served_name: str):
         self.engine, self.model, self.name = engine, model, served_name
@@ -77,10 +86,7 @@ class Server:
     async def _work(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            jobs = [await self.queue.get()]
-            await asyncio.sleep(BATCH_WAIT_S)
-            while not self.queue.empty():
-                jobs.append(self.queue.get_nowait())
+            jobs = await _arrived_together(self.queue)
             groups: dict[tuple, list[Job]] = {}
             for j in jobs:
                 groups.setdefault((j.max_tokens, j.stops, j.k, j.ignore_eos), []).append(j)
@@ -119,10 +125,7 @@ class Server:
         different lengths are the engine's to pad; a faithful engine scores a row the same in any batch)."""
         loop = asyncio.get_running_loop()
         while True:
-            jobs = [await self.forced_queue.get()]
-            await asyncio.sleep(BATCH_WAIT_S)
-            while not self.forced_queue.empty():
-                jobs.append(self.forced_queue.get_nowait())
+            jobs = await _arrived_together(self.forced_queue)
             by_k: dict[int, list[ForcedJob]] = {}
             for j in jobs:
                 by_k.setdefault(j.k, []).append(j)
