@@ -60,19 +60,31 @@ def test_bf16_residual_fails_in_bf16_mode_on_smollm2(smollm2):
     assert r["verdict"] == "FAIL" and r["bf16_drift"]["checked"] and not r["bf16_drift"]["ok"]
 
 
-# CI keeps bf16_residual (bf16 drift); drop_layer's f32 FAIL and bisection run in CI through the CLI
-# (test_cli_exit_codes_and_json); stale_feedback FAILs in CI in `run sanity` and `verify` (test_run,
-# test_evidence) and in serve's self-check (test_plugins)
-@pytest.mark.parametrize("dtype, fault", [("bfloat16", "bf16_residual")]
-                         + [pytest.param(d, f, marks=pytest.mark.heavy)
-                            for d, f in [("float32", "drop_layer"), ("float32", "stale_feedback"),
-                                         ("float32", "rope_off_by_one"),
-                                         ("float32", "kv_stale"),
-                                         ("float32", "bf16_residual"), ("bfloat16", "rope_off_by_one"),
-                                         ("bfloat16", "kv_stale"), ("bfloat16", "drop_layer"),
-                                         ("bfloat16", "stale_feedback")]])
-def test_every_fault_fails_in_both_dtypes_on_mini_llama(mini_llama, fault, dtype):
-    spec = DiffSpec(model="mini-llama", fault=fault, dtype=dtype, **(QUICK if dtype == "float32" else QUICK32))
+# Every catalogue fault through `diff` on the minis (mini-moe for the MoE faults and norm_eps: mini-llama's epsilon
+# is the fault's own 1e-6), in both dtypes; batch_variant under --require batch-invariance. Measured 2026-12-02
+# (quick set, 12 tokens in float32, 32 in bfloat16): every other combination FAILs. These four PASS there, and
+# stay as strict xfails so a change that catches one is news: norm_eps moves the minis' logits below the
+# float32 bound (caught on smollm2 in float32 at prompt 1, README detection table) and, like final_norm_eps
+# (caught here in float32), below the bf16 recipe's own noise on every model tried (drift ratio 0.95-1.22,
+# bound 1.3); rope_theta needs positions past the minis' short prompts in bfloat16 (drift 1.14; caught on
+# smollm2 at prompt 3). CI keeps bf16_residual (bf16 drift); drop_layer's f32 FAIL and bisection run in CI
+# through the CLI (test_cli_exit_codes_and_json); stale_feedback FAILs in CI in `run sanity` and `verify`.
+MINI_SUB_NOISE = {("float32", "norm_eps"), ("bfloat16", "norm_eps"), ("bfloat16", "final_norm_eps"),
+                  ("bfloat16", "rope_theta")}
+
+
+def _catalogue_case(dtype: str, fault: str):
+    marks = [] if (dtype, fault) == ("bfloat16", "bf16_residual") else [pytest.mark.heavy]
+    if (dtype, fault) in MINI_SUB_NOISE:
+        marks.append(pytest.mark.xfail(strict=True, reason="below the minis' noise: measured PASS (see above)"))
+    return pytest.param(dtype, fault, marks=marks)
+
+
+@pytest.mark.parametrize("dtype, fault", [_catalogue_case(d, f) for d in ("float32", "bfloat16") for f in FAULTS])
+def test_every_fault_fails_in_both_dtypes_on_the_minis(mini_llama, fault, dtype):
+    model = "mini-moe" if BY_NAME[fault].needs == "moe" or fault == "norm_eps" else "mini-llama"
+    spec = DiffSpec(model=model, fault=fault, dtype=dtype, **(QUICK if dtype == "float32" else QUICK32),
+                    require=("batch-invariance",) if fault == "batch_variant" else ())
     r = run_diff(spec).to_json()
     assert r["verdict"] == "FAIL", (fault, dtype, r["real_mismatches"], r["bf16_drift"])
     if (fault, dtype) == ("drop_layer", "float32"):  # bisection names the layer whose MLP the fault skips
