@@ -38,6 +38,19 @@ class ForcedJob:
     batched_with: int = 0  # rows of the forced_topk call it ran in (reported as evalsuite.echo_batch_rows)
 
 
+def _enqueue(queue: asyncio.Queue, job) -> None:
+    try:
+        queue.put_nowait(job)
+    except asyncio.QueueFull:
+        raise APIError(503, f"server busy: {MAX_QUEUE} requests queued; retry later", "server_busy") from None
+
+
+def _fail(jobs: list, e: Exception) -> None:
+    for j in jobs:
+        if not j.future.done():
+            j.future.set_exception(e)
+
+
 async def _arrived_together(queue: asyncio.Queue) -> list:
     """The next job, and every job queued within BATCH_WAIT_S of it."""
     jobs = [await queue.get()]
@@ -77,10 +90,7 @@ class Server:
 
     async def submit(self, job: Job):
         job.future = asyncio.get_running_loop().create_future()
-        try:
-            self.queue.put_nowait(job)
-        except asyncio.QueueFull:
-            raise APIError(503, f"server busy: {MAX_QUEUE} requests queued; retry later", "server_busy") from None
+        _enqueue(self.queue, job)
         return await job.future
 
     async def _work(self) -> None:
@@ -100,9 +110,7 @@ class Server:
                                                            stops, k, ignore_eos)
                     self.batches_run += 1
                 except Exception as e:  # one bad group must not stop the server
-                    for j in group:
-                        if not j.future.done():
-                            j.future.set_exception(e)
+                    _fail(group, e)
                     continue
                 for j in group:
                     n = len(j.prompts)
@@ -114,10 +122,7 @@ class Server:
     async def _forced(self, prefix: list[int], cont: list[int], k: int) -> tuple[Forced, int]:
         """The engine teacher-forced along cont after prefix, and the rows of the call it ran in."""
         job = ForcedJob(prefix, cont, k, asyncio.get_running_loop().create_future())
-        try:
-            self.forced_queue.put_nowait(job)
-        except asyncio.QueueFull:
-            raise APIError(503, f"server busy: {MAX_QUEUE} requests queued; retry later", "server_busy") from None
+        _enqueue(self.forced_queue, job)
         return await job.future, job.batched_with
 
     async def _work_forced(self) -> None:
@@ -138,9 +143,7 @@ class Server:
                                                          [j.prefix for j in part], [j.cont for j in part], k)
                         self.forced_batches_run += 1
                     except Exception as e:  # one bad batch must not stop the server
-                        for j in part:
-                            if not j.future.done():
-                                j.future.set_exception(e)
+                        _fail(part, e)
                         continue
                     for j, f in zip(part, out):
                         j.batched_with = len(part)
