@@ -141,18 +141,17 @@ def build_app(engine, model, served_name: str, info: dict | None = None):
                 toks, tlps, tops, by_id, offsets = [], [], [], [], []
                 pos = 0
                 if echo:
-                    first = min(logprobs_from, max(len(ids) - 1, 1))
-                    pl, rows = await srv.prompt_logprobs(ids, k, decode_from, first)
+                    pl, rows = await srv.prompt_logprobs(ids, k, decode_from, logprobs_from)
                     echo_rows = max(echo_rows, rows)
                     for t, tid in enumerate(ids):
                         s = tok.decode([tid])
                         toks.append(s)
                         offsets.append(pos)
                         pos += len(s)
-                        if t < first:
+                        if t == 0 or pl[t - 1] is None:  # the first token, or before echo_logprobs_from
                             tlps.append(None), tops.append(None), by_id.append(None)
                         else:
-                            lpv, top = pl[t - first]
+                            lpv, top = pl[t - 1]
                             tlps.append(lpv)
                             tops.append({tok.decode([a]): b for a, b in top[:k]} if k else {})
                             by_id.append([[a, b] for a, b in top[:k]])

@@ -72,8 +72,6 @@ class Server:
         self.worker: asyncio.Task | None = None
         self.forced_queue: asyncio.Queue | None = None
         self.forced_worker: asyncio.Task | None = None
-        self.batches_run = 0
-        self.forced_batches_run = 0
         self.created = int(time.time())
 
     # ---- the worker --------------------------------------------------------------------------
@@ -108,7 +106,6 @@ class Server:
                     for s in range(0, len(rows), cap):
                         gens += await loop.run_in_executor(self.pool, self._generate, rows[s:s + cap], max_tokens,
                                                            stops, k, ignore_eos)
-                    self.batches_run += 1
                 except Exception as e:  # one bad group must not stop the server
                     _fail(group, e)
                     continue
@@ -141,7 +138,6 @@ class Server:
                     try:
                         out = await loop.run_in_executor(self.pool, self.engine.forced_topk,
                                                          [j.prefix for j in part], [j.cont for j in part], k)
-                        self.forced_batches_run += 1
                     except Exception as e:  # one bad batch must not stop the server
                         _fail(part, e)
                         continue
@@ -155,11 +151,11 @@ class Server:
                                     top_k=max(k, 1), stop_check=stop_check(self.tok, stops))
 
     async def prompt_logprobs(self, ids: list[int], k: int, decode_from: int = 1,
-                              first: int = 1) -> tuple[list[tuple[float, list]], int]:
-        """Per prompt position t >= first (>= 1): (logprob of ids[t], top-k [(id, logprob)]), and the rows
-        of the engine call that scored the decode-path part. Positions from decode_from on come from the
-        engine's decode path (forced_topk); those before it from a forward pass (score) where the engine
-        has full logits, else from its decode path too."""
+                              first: int = 1) -> tuple[list[tuple[float, list] | None], int]:
+        """Per prompt position t >= 1 (entry t - 1): (logprob of ids[t], top-k [(id, logprob)]), None before
+        first (not computed), and the rows of the engine call that scored the decode-path part. Positions
+        from decode_from on come from the engine's decode path (forced_topk); those before it from a
+        forward pass (score) where the engine has full logits, else from its decode path too."""
         if len(ids) < 2:
             return [], 0
         first = min(max(1, first), len(ids) - 1)
@@ -175,7 +171,7 @@ class Server:
             parts.append((await self._forced(ids[:first], ids[first:s], kk))[0])
         f, rows = await self._forced(ids[:s], ids[s:], kk)  # batched with concurrent requests
         parts.append(f)
-        out = []
+        out: list = [None] * (first - 1)
         for f in parts:
             for j in range(len(f.token_logprobs)):
                 out.append((float(f.token_logprobs[j]),
