@@ -55,6 +55,7 @@ def _run_diff(args: list[str], report: Path) -> dict:
     flagged = {q["id"]: q["real_positions"] for q in r["per_prompt"] if q["real_positions"]}
     return {"verdict": r["verdict"], "prompts": r["prompts"], "skipped": len(r["skipped"]), "flagged": flagged,
             "benign_divergences": r["benign_divergences"], "not_checked": r["not_checked"],
+            "conditioning_witness": r.get("conditioning_witness"),
             "wall_s": round(wall, 1), "peak_rss_children_gb": round(usage.ru_maxrss / 2**20, 2)}
 
 
@@ -73,10 +74,11 @@ def _commit() -> str | None:
 def summary(chunks: list[dict]) -> dict:
     """The whole run from its chunks: prompts judged, flagged, the bounds on the false-alarm rate."""
     n = sum(c["prompts"] for c in chunks)
-    flagged = {k: v for c in chunks for k, v in c["flagged"].items()}
+    flagged = {k: v for c in chunks for k, v in (c.get("rejudged") or c)["flagged"].items()}
     return {"prompts": n, "chunks": len(chunks), "flagged": len(flagged), "flagged_prompts": flagged,
             "rule_of_three_upper": rule_of_three(n), "cp_upper_97_5": cp_upper(len(flagged), n),
-            "verdicts": sorted({c["verdict"] for c in chunks}),
+            "verdicts": sorted({(c.get("rejudged") or c)["verdict"] for c in chunks}),
+            "rejudged_chunks": sum("rejudged" in c for c in chunks),
             "benign_divergences": sum(c["benign_divergences"] for c in chunks),
             "wall_s": round(sum(c["wall_s"] for c in chunks), 1),
             "commits": sorted({str(c.get("commit")) for c in chunks}),
@@ -110,6 +112,33 @@ class Server:
             self.proc.wait(timeout=60)
 
 
+def _write(out: Path, settings: dict, done: dict) -> None:
+    result = {"settings": settings, "prompt_set": "benchmarks/make_prompts.py", "chunks": done,
+              "summary": {m: summary([v for v in done.values() if v["mode"] == m])
+                          for m in sorted({v["mode"] for v in done.values()})},
+              "versions": versions()}
+    out.write_text(json.dumps(result, indent=1))
+
+
+def _rejudge(a, done: dict, lines: list[str], reports: Path, out: Path, settings: dict) -> int:
+    """Each finished in-process chunk with flagged prompts: those prompts again, alone, with this checkout."""
+    by_id = {json.loads(x)["id"]: x for x in lines}
+    for key, ch in done.items():
+        if not ch["flagged"] or ch["mode"] != "in-process":
+            continue
+        part = reports / f"rejudge-{a.dtype}-{ch['first']}.jsonl"
+        part.write_text("\n".join(by_id[i] for i in ch["flagged"]) + "\n")
+        print(f"[{time.strftime('%H:%M:%S')}] re-judging {len(ch['flagged'])} flagged prompt(s) of {key}",
+              file=sys.stderr, flush=True)
+        r = _run_diff(["--model", a.model, "--dtype", a.dtype, "--prompts", str(part), "--max-new-tokens",
+                       str(a.max_new_tokens)], reports / f"rejudge-{a.dtype}-{ch['first']}")
+        ch["rejudged"] = {"commit": _commit(), "how": "the chunk's flagged prompts alone (not in their batch)", **r}
+        print(f"  {r['verdict']}, {len(r['flagged'])} still flagged", file=sys.stderr, flush=True)
+        _write(out, settings, done)
+    print(json.dumps(summary([v for v in done.values() if v["mode"] == "in-process"]), indent=1))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="false alarms of diff on the faithful megakernel")
     ap.add_argument("--n", type=int, default=1000)
@@ -123,6 +152,10 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true", help="keep the finished chunks in --out (same settings)")
     ap.add_argument("--out", help="summary JSON (default benchmarks/results/false-alarms-<dtype>.json)")
     ap.add_argument("--reports", default="runs/false-alarms", help="folder for the prompt files and diff reports")
+    ap.add_argument("--rejudge", action="store_true",
+                    help="with --resume: run the flagged prompts of finished chunks again, alone, with this checkout's "
+                         "rule (their other prompts had no flagged position, and a rule change that only widens "
+                         "bounds at flagged positions cannot flag them), and record it beside the chunk")
     a = ap.parse_args(argv)
     if a.chunk < 1 or a.n < 1:
         print("error: --n and --chunk must be >= 1", file=sys.stderr)
@@ -143,6 +176,11 @@ def main(argv=None) -> int:
     make_prompts(["--n", str(a.n), "--seed", str(a.seed), "--out", str(prompts)])
     lines = prompts.read_text().splitlines()
     modes = ["served"] if a.only_served else ["in-process"] + (["served"] if a.served else [])
+    if a.rejudge:
+        if not done:
+            print("error: --rejudge needs --resume and finished chunks in --out", file=sys.stderr)
+            return 2
+        return _rejudge(a, done, lines, reports, out, settings)
     server = Server(a.model, a.dtype)
     commit = _commit()  # per chunk: a run resumed over several sessions may span commits
     t0 = time.time()
@@ -164,11 +202,7 @@ def main(argv=None) -> int:
                              **_run_diff(args, reports / f"{mode}-{a.dtype}-{c}")}
                 r = done[key]
                 print(f"  {r['verdict']}, {len(r['flagged'])} flagged, {r['wall_s']} s", file=sys.stderr, flush=True)
-                result = {"settings": settings, "prompt_set": "benchmarks/make_prompts.py", "chunks": done,
-                          "summary": {m: summary([v for v in done.values() if v["mode"] == m])
-                                      for m in sorted({v["mode"] for v in done.values()})},
-                          "versions": versions()}
-                out.write_text(json.dumps(result, indent=1))  # after every chunk: a stop loses one chunk at most
+                _write(out, settings, done)  # after every chunk: a stop loses one chunk at most
     finally:
         server.stop()
     for m in modes:

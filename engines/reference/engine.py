@@ -30,6 +30,9 @@ from engines.reference import model, sharding
 from engines.weights import Weights
 
 MAX_BATCH = 32  # rows per device call; larger prompt lists run in chunks
+# The conditioning witness holds a float64 copy of the weights while a diff runs: at most this much
+# (smollm2-135m: 1.1 GB; a model beyond it gets no witness, and diff says so).
+WITNESS_MAX_BYTES = 8 * 2**30
 PER_LAYER_SKIP = ("embed", "lm_head", "final_norm")
 # Kept in float32 in every mode, like the norms: they are added, not multiplied into a matmul.
 F32_ARRAYS = ("router_bias", "bq", "bk", "bv", "bo", "sinks", "e_gate_b", "e_up_b", "e_down_b")
@@ -110,6 +113,7 @@ class ReferenceEngine(Engine):
             [x.at[where].set(r[src]) for x, r in zip(kc, rk)], [x.at[where].set(r[src]) for x, r in zip(vc, rv)]),
             donate_argnums=(0, 1))
         self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its per-layer K/V)
+        self._p64: dict | None = None  # float64 weights, made on the first float64_logits call
         self.share_prefix = True  # False: every row prefilled in full (the benchmark's ablation)
 
     # ---- jitted pieces -------------------------------------------------------------------------
@@ -217,6 +221,33 @@ class ReferenceEngine(Engine):
                     want_logits: bool = False) -> list[Forced]:
         """Every continuation token scored by a decode step (engines.loop.forced_from_decode)."""
         return forced_from_decode(self.decode_forced, prompts, continuations, k, want_logits)
+
+    def float64_logits(self, prompt: Sequence[int], track: Sequence[int]) -> np.ndarray:
+        """[len(track), V]: the same math in float64 (model.float64_math, weights cast up) teacher-forced along
+        prompt + track, at the positions that predict track's tokens. The judge's own distance from exact
+        arithmetic (rule.py's conditioning witness); raises ModelError where it cannot run."""
+        need = 8 * self._weights.n_params
+        if self.mesh is not None:
+            raise ModelError("the float64 witness runs on an unsharded reference only")
+        if jax.default_backend() == "tpu":
+            raise ModelError("TPUs have no float64 matmul")
+        if need > WITNESS_MAX_BYTES:
+            raise ModelError(f"float64 weights would take {need / 2**30:.1f} GiB (> {WITNESS_MAX_BYTES / 2**30:.0f})")
+        seq = list(prompt) + list(track[:-1])
+        tokens = np.zeros((1, next_pow2(len(seq), MIN_PREFILL_BUCKET)), np.int32)  # causal: the padding after
+        tokens[0, :len(seq)] = seq  # the sequence changes no position before it, and buckets reuse programs
+        with model.float64_math():
+            if self._p64 is None:
+                self._p64 = device_params(self._weights, "float64")
+                self._f64_forward = jax.jit(partial(self._float64_impl, self.config))
+            logits = self._f64_forward(self._p64, jnp.asarray(tokens))
+            return np.asarray(logits[0, len(prompt) - 1:len(seq)], np.float64)
+
+    @staticmethod
+    def _float64_impl(c, p, tokens):
+        T = tokens.shape[1]
+        kc = [jnp.zeros((1, c.n_kv_heads, T, c.head_dim), jnp.float64)] * c.n_layers
+        return model.forward(p, c, tokens, jnp.arange(T, dtype=jnp.int32)[None], kc, kc, fresh=True)[0]
 
     def step_taps(self, prompts: Sequence[Sequence[int]], next_ids: Sequence[int]) -> np.ndarray:
         """[rows, L, D]: the residual stream after each layer at the position of next_ids (the reference's

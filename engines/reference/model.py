@@ -13,13 +13,32 @@ and the reference run in bf16 against itself in f32 measures that recipe's own e
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
+
 import jax
 import jax.numpy as jnp
 
 from engines.config import Config
 from engines.reference import rope
 
-f32 = jnp.float32
+f32 = jnp.float32  # the compute dtype: float64 only inside float64_math
+_EXACT = threading.Lock()
+
+
+@contextmanager
+def float64_math():
+    """The same math in float64 (jax x64 on; every `f32` below reads as float64 while open): the reference's
+    own distance from exact arithmetic, for the conditioning witness (evalsuite/compare/rule.py). Functions
+    traced inside it are float64 programs; programs jitted before it keep their float32 traces. One at a time
+    (the lock): the name is module-wide."""
+    global f32
+    with _EXACT, jax.enable_x64(True):
+        f32 = jnp.float64
+        try:
+            yield
+        finally:
+            f32 = jnp.float32
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float, style: str = "plain") -> jax.Array:

@@ -9,7 +9,10 @@
    a position whose |Δlogit|, KL or |Δlogprob| exceeds its bound is real even without a flip; the
    free-running tokens are judged by the same rule at their first divergence (a broken generate
    path with a correct teacher-forced path is caught). In bf16 the run's mean divergence is also
-   bounded against the reference's own bf16 recipe measured in the same run.
+   bounded against the reference's own bf16 recipe measured in the same run. In float32 a prompt with
+   flagged positions is judged again with the reference's own distance from float64 at each position
+   (the conditioning witness, rule.CONDITIONING): an ill-conditioned position is bounded by what the
+   judge's own rounding allows there; where the witness cannot run, the flags stand and are named.
 4. At the first real mismatch, per-layer taps name the first layer whose hidden state leaves
    tolerance (bisection), where both engines provide taps.
 5. Batch invariance (batch 1 vs batch B) and run-to-run determinism are measured and reported.
@@ -32,6 +35,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from engines.errors import ModelError
 from engines.loop import batches
 from evalsuite.compare import metrics, rule
 from evalsuite.engines import judge, make_engine
@@ -130,6 +134,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
     routed = recipe is not None and c.n_moe_layers > 0
     margins: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     witness: dict[int, list[int]] = {}
+    witnessed: list[dict] = []  # float32: the conditioning witness at flagged prompts (rule.CONDITIONING)
     groups = [[order[k] for k in g] for g in batches([len(encoded[i][1]) for i in order], spec.batch)]
     for bi, idx in enumerate(groups):
         progress(f"diff: batch {bi + 1}/{len(groups)} ({len(idx)} prompts, {N} tokens)")
@@ -150,6 +155,8 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
                 eg = rg  # placeholder so the record's shape holds; counted as not checked above
             track = rg.track()
             rec = rule.compare_prompt(rg.token_ids, track, fo, eg, tol, eos_ids=eos_ids)
+            if spec.dtype == "float32" and rec["real_positions"] and how != "unresolved":
+                rec = _with_witness(ref, encoded[i][1], rg, fo, eg, tol, eos_ids, rec, witnessed)
             if tol16 is not None and how != "unresolved":  # the same positions under bf16's bounds
                 r16 = rule.compare_prompt(rg.token_ids, track, fo, eg, tol16, eos_ids=eos_ids)
                 under16.append(len(r16["real_positions"]))
@@ -175,6 +182,8 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
                 fdv["engine_text"] = model.tokenizer.decode([fdv["engine_token"]])
             per_prompt[i] = {"id": p.id, "kind": p.kind, "prompt_tokens": len(rg.prompt_ids), **rec}
     routing = rule.routing_ties(per_prompt, margins, witness=witness) if routed else None
+    conditioning = _witness_summary(witnessed, spec.dtype)
+    blocking.extend(w["note"] for w in witnessed if not w["run"])
     if routing and routing["positions_not_judged"]:
         blocking.append(routing["note"])
     # drift over every position, routing near-ties included: the engine and the recipe both flip experts at
@@ -237,6 +246,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
                                  "|Δlogprob|) are within their tolerances (evalsuite/compare/rule.py)"),
         "bf16_drift": drift,
         "routing": None if routing is None else {k: v for k, v in routing.items() if k != "tied"},
+        "conditioning_witness": conditioning,
         "checks_not_possible": not_checked,
         "not_checked": blocking,
         "engine_capabilities": caps.report(),
@@ -257,6 +267,44 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
                                       "noise_tolerance")}
     return DiffResult(**typed, not_checked=tuple(out.pop("not_checked")),
                       checks_not_possible=tuple(out.pop("checks_not_possible")), details=out)
+
+
+def _with_witness(ref, prompt, rg, fo, eg, tol, eos_ids, rec: dict, witnessed: list) -> dict:
+    """A float32 prompt with flagged positions, judged again with the judge's own distance from float64 there
+    (rule.CONDITIONING). Where the witness cannot run, the flags stand and the prompt is named as unwitnessed."""
+    flagged = rec["real_positions"]
+    try:
+        exact = ref.float64_logits(prompt, rg.token_ids)
+    except ModelError as e:
+        witnessed.append({"run": False, "why": str(e), "note": f"conditioning witness: not run ({e}); the flagged "
+                          "positions may be ill-conditioned rather than wrong"})
+        rec["conditioning"] = {"run": False, "why": str(e)}
+        return rec
+    own = np.abs(np.asarray(rg.logits, np.float64) - exact).max(-1)
+    own_kl = metrics.kl(exact, rg.logits)
+    again = rule.compare_prompt(rg.token_ids, rg.track(), fo, eg, tol, eos_ids=eos_ids, conditioning=(own, own_kl))
+    bounds = rule.position_bounds(tol, len(own), (own, own_kl))
+    again["conditioning"] = {"run": True, "cleared": sorted(set(flagged) - set(again["real_positions"])), "at": {
+        int(j): {"judge_dlogit_vs_float64": float(own[j]), "judge_kl_vs_float64": float(own_kl[j]),
+                 "dlogit_bound": float(bounds["dlogit"][j]), "kl_bound": float(bounds["kl"][j]),
+                 "still_flagged": j in again["real_positions"]} for j in flagged}}
+    witnessed.append({"run": True, "flagged": len(flagged), "cleared": len(again["conditioning"]["cleared"]),
+                      "max_judge_dlogit_vs_float64": float(own[flagged].max())})
+    return again
+
+
+def _witness_summary(witnessed: list[dict], dtype: str) -> dict:
+    if dtype != "float32":
+        return {"run": False, "why": "bfloat16: its bounds rest on the recipe's rounding, far above float32's"}
+    if not witnessed:
+        return {"run": False, "why": "no float32 position was flagged"}
+    ran = [w for w in witnessed if w["run"]]
+    return {"prompts": len(witnessed), "run": len(ran), "not_run": len(witnessed) - len(ran),
+            "positions_flagged": sum(w["flagged"] for w in ran),
+            "positions_cleared": sum(w["cleared"] for w in ran),
+            "max_judge_dlogit_vs_float64": max((w["max_judge_dlogit_vs_float64"] for w in ran), default=None),
+            "rule": "a flagged float32 position is bounded by max(DLOGIT_TOL, 2e) and max(KL_TOL, 4k), e and k "
+                    "the judge's own |Δlogit| and KL from its float64 math there (evalsuite/compare/rule.py)"}
 
 
 def routing_margins(ref, recipe, prompt, track) -> tuple[np.ndarray, np.ndarray]:

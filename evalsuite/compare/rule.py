@@ -33,6 +33,17 @@ CHARACTER (float32 claims that FAIL): the same positions judged again under the 
   recipe (bf16 or quantised weights/activations; for scale, the reference's own bf16 recipe moves
   the f32 token's logprob by at most 0.078 and flips only at gaps <= 0.035 on the builtin set,
   `benchmarks/recipe_envelope.py`); beyond them, the difference is larger than numeric noise.
+CONDITIONING (float32 only): the floors above are typical positions. At an ill-conditioned one (large
+  logits, near-cancelling sums) two correct float32 implementations can differ by far more:
+  gen-0170-raw-repetition's first position (false-alarm run, 2026-12-02) had the faithful megakernel
+  1.07e-3 (2.0e-3 batched) from the reference against the bound 8e-4, because the reference itself was
+  5.66e-3 from float64 there (the megakernel 4.59e-3); over 64 varied prompts the reference's largest
+  distance from float64 was 1.93e-4 (`benchmarks/calibrate_f64.py --prompts 64`). So where a float32
+  position is flagged, diff measures the reference's own |Δlogit| e and KL k there against its own math
+  in float64 (ReferenceEngine.float64_logits: the judge, never the engine), and bounds that position by
+  max(DLOGIT_TOL, 2e) and max(KL_TOL, 4k): the engine is assumed no farther from exact than the judge
+  (measured: 4.59e-3 < 5.66e-3), so the two differ by at most 2e; the KL, quadratic in the logit error,
+  by 4k; NOISE and LOGPROB follow at 2x the position's |Δlogit| bound. Elsewhere nothing changes.
 DRIFT_RATIO (bf16 only): a recipe bug (e.g. a bf16 residual) adds error everywhere but stays
   under per-position bounds, so the run's mean KL (or mean |Δlogprob| over an API) against the f32
   reference must be at most 1.3x the same mean of the reference's own bf16 recipe on the same
@@ -63,6 +74,7 @@ MIN_DRIFT_POSITIONS = 256
 # (mini-moe) and <= 0.06 (mini-gptoss). 1.5x, as the per-position bf16 bounds: another bf16 engine rounds
 # differently from the recipe.
 ROUTING_TIE_FACTOR = 1.5
+CONDITIONING_FACTOR = 2.0  # the engine may be as far from exact as the judge, on the other side (see CONDITIONING)
 
 
 @dataclass(frozen=True)
@@ -108,7 +120,7 @@ def _ref_view(ref: Forced):
 
 
 def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generation | None, tol: Tolerances,
-                   eos_ids=()) -> dict:
+                   eos_ids=(), conditioning: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
     """The one comparator (diff, golden check, serve's self-check). Classify every position of one prompt.
 
     ref: the judge's record along ref_tokens (the reference's greedy track with full logits, or a golden
@@ -119,10 +131,13 @@ def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generati
     else |Δlogprob| (of the reference's top-k ids where the engine has full logits, of the reference's
     token otherwise). eos_ids: an engine that cannot be made to run past end-of-turn (a server without
     ignore_eos) may end with one of them where the reference has the same token: that is agreement,
-    and the positions after it are not compared."""
+    and the positions after it are not compared. conditioning: (e, k) per position, the judge's own |Δlogit|
+    and KL from float64 (float32 only, see CONDITIONING): the bounds there widen to what the judge's own
+    rounding allows."""
     lp_at, marg, rank_at = _ref_view(ref)
     rt = np.asarray(ref_tokens, np.int64)
     n = len(rt)
+    b = position_bounds(tol, n, conditioning)
     ref_tok_lp = np.asarray(ref.token_logprobs, np.float64)
     real, benign, dist = set(), set(), set()
     dlogit = kl = dlp = None
@@ -135,20 +150,20 @@ def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generati
             dlogit = np.abs(ref.logits - forced.logits).max(axis=-1)
             kl = metrics.kl(ref.logits, forced.logits)
             dlp = np.abs(elp[np.arange(n), rt] - ref_tok_lp)
-            within = (dlogit <= tol.dlogit) & (kl <= tol.kl)
+            within = (dlogit <= b["dlogit"]) & (kl <= b["kl"])
         else:  # the judge holds top-k only: every one of its top-k ids' logprobs
             ids = np.asarray(ref.top_ids)
             dlp = np.abs(np.take_along_axis(elp, ids, axis=-1) - np.asarray(ref.top_logprobs, np.float64)).max(-1)
-            within = dlp <= tol.logprob
+            within = dlp <= b["logprob"]
     elif forced is not None:
         dlp = np.abs(np.asarray(forced.token_logprobs, np.float64) - ref_tok_lp)
         arg = np.asarray(forced.top_ids)[:, 0]
-        within = dlp <= tol.logprob
+        within = dlp <= b["logprob"]
     if arg is not None:
         agree = arg == rt
         for j in np.flatnonzero(~agree):
             gap = _gap(ref_tok_lp[j], lp_at(j, int(arg[j])))
-            (benign if gap < tol.noise and within[j] else real).add(int(j))
+            (benign if gap < b["noise"][j] and within[j] else real).add(int(j))
         dist |= {int(j) for j in np.flatnonzero(agree & ~within)}
     # the free-running path: identical contexts up to the first divergence, so the engine's own
     # logprob of each token it generated must match the reference's, and its token at the first
@@ -166,12 +181,12 @@ def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generati
                 fd = len(et)
         upto = (n if stopped_at is None else stopped_at) if fd is None else fd
         gen_d = np.abs(glp[:upto] - ref_tok_lp[:len(glp[:upto])])
-        dist |= {int(j) for j in np.flatnonzero(gen_d > tol.logprob)}
+        dist |= {int(j) for j in np.flatnonzero(gen_d > b["logprob"][:len(gen_d)])}
         if fd is not None and fd < len(et):
             e = int(et[fd])
             gap = _gap(ref_tok_lp[fd], lp_at(fd, e))
             own = abs(float(glp[fd]) - lp_at(fd, e)) if fd < len(glp) else None
-            ok = gap < tol.noise and (own is None or own <= tol.logprob) and fd not in real | dist
+            ok = gap < b["noise"][fd] and (own is None or own <= b["logprob"][fd]) and fd not in real | dist
             (benign if ok else real).add(fd)
             first = {"position": fd, "reference_token": int(rt[fd]), "engine_token": e,
                      "reference_gap": float(marg[fd]), "gap_to_engine_token": gap,
@@ -198,6 +213,18 @@ def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generati
                    "dlogprob_generated": [float(x) for x in gen_d],
                    "argmax_agreement": float(agree.mean()) if arg is not None else float(upto / max(n, 1))},
             "_matched": matched, "_drift": (kl if kl is not None else dlp)}
+
+
+def position_bounds(tol: Tolerances, n: int, conditioning: tuple[np.ndarray, np.ndarray] | None) -> dict:
+    """Per-position bounds: tol's everywhere, widened where the judge's own float64 distance says so."""
+    dl, kl = np.full(n, tol.dlogit), np.full(n, tol.kl)
+    if conditioning is not None:
+        e, k = (np.asarray(x, np.float64)[:n] for x in conditioning)
+        dl[:len(e)] = np.maximum(dl[:len(e)], CONDITIONING_FACTOR * e)
+        kl[:len(k)] = np.maximum(kl[:len(k)], CONDITIONING_FACTOR ** 2 * k)
+    wide = dl > tol.dlogit
+    return {"dlogit": dl, "kl": kl, "noise": np.where(wide, np.maximum(tol.noise, 2 * dl), tol.noise),
+            "logprob": np.where(wide, np.maximum(tol.logprob, 2 * dl), tol.logprob)}
 
 
 def _gap(judge_token_lp: float, engine_token_lp: float) -> float:

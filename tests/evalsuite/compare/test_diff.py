@@ -122,5 +122,8 @@ def test_cli_exit_codes_and_json(tmp_path, mini_llama):
     r = json.loads(bad.stdout)
     assert r["verdict"] == "FAIL" and r["real_mismatches"] > 0
     assert r["bisection"]["layer"] == mini_llama.config.n_layers // 2  # the layer whose MLP the fault skips
+    w = r["conditioning_witness"]  # every flagged prompt witnessed, none cleared: a real bug is not conditioning
+    assert w["run"] == w["prompts"] == sum(bool(p["real_positions"]) for p in r["per_prompt"]) > 0
+    assert w["positions_cleared"] == 0 and w["not_run"] == 0
     usage = run("--batch", "99")
     assert usage.returncode == 2 and "Traceback" not in usage.stderr and "--batch" in usage.stderr
