@@ -81,7 +81,8 @@ def summary(chunks: list[dict]) -> dict:
             "rejudged_chunks": sum("rejudged" in c for c in chunks),
             "benign_divergences": sum(c["benign_divergences"] for c in chunks),
             "wall_s": round(sum(c["wall_s"] for c in chunks), 1),
-            "commits": sorted({str(c.get("commit")) for c in chunks}),
+            "commits": sorted({str(c.get("commit")) for c in chunks} | {str(c["rejudged"]["commit"]) for c in chunks
+                                                                          if "rejudged" in c}),
             "peak_rss_gb": max((c["peak_rss_children_gb"] for c in chunks), default=None)}
 
 
