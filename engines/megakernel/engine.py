@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import jax
 import jax.numpy as jnp
@@ -74,6 +75,86 @@ def hbm_arrays(w: Weights, dtype: str) -> dict:
     return out
 
 
+@lru_cache(maxsize=16)
+def _programs(c, fault, fault_layer, n_buffers, interpret, batch_invariant) -> _Programs:
+    """One _Programs per static spec, shared by every engine built with it (weights are arguments)."""
+    return _Programs(c, fault, fault_layer, n_buffers, interpret, batch_invariant)
+
+
+class _Programs:
+    """The engine's jitted steps and what they read: the static spec only, never the weights (arguments), so
+    every engine with the same spec shares them and a new engine does not trace the kernel again (smollm2:
+    a tiny generate + forced + score on a second engine took 6.8 s, most of it tracing)."""
+
+    def __init__(self, c, fault, fault_layer, n_buffers, interpret, batch_invariant):
+        self.config, self.fault, self.fault_layer, self.n_buffers = c, fault, fault_layer, n_buffers
+        self.interpret = True if interpret == "generic" else tpu_interpret_params()
+        self.batch_invariant = batch_invariant
+        self.final_eps = FINAL_NORM_EPS_FAULT if fault == "final_norm_eps" else c.rms_eps  # the decode step's
+        self.jitted = {
+            "_prefill": jax.jit(self._prefill_impl, static_argnames=("slots",)),
+            "_extend": jax.jit(self._extend_impl, static_argnames=("slots",)),
+            "_prefix_kv": jax.jit(lambda w, tokens: prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"],
+                                                                   tokens, tokens.shape[1])[1:3]),
+            "_score": jax.jit(self._score_impl, static_argnames=("want_taps",)),
+            "_gather": jax.jit(lambda kc, vc, keep: (kc[:, keep], vc[:, keep])),  # caches [L, B, K, S, hd]
+            "_put": jax.jit(lambda kc, vc, rk, rv, where, src: (kc.at[:, where].set(rk[:, src]),
+                                                                vc.at[:, where].set(rv[:, src])),
+                            donate_argnums=(0, 1)),
+            # The decode step is two programs: the kernel (keyed by its shape: rows, slots, window, taps) and
+            # the head (final norm, logits, top-k; keyed by k and want_logits). One program for both traced
+            # and lowered the whole Pallas kernel again for every (k, want_logits) a caller used (generate's
+            # top-5, teacher forcing's logits), about 1.6 s each for mini-llama even from the persistent
+            # cache.
+            "_decode": jax.jit(self._decode_impl, static_argnames=("want_taps", "window"),
+                               donate_argnums=(3, 4)),
+            "_head": jax.jit(self._head_impl, static_argnames=("k", "want_logits", "decode")),
+        }
+
+    # ---- jitted pieces -------------------------------------------------------------------------
+    def _logits(self, w, x, eps=None):
+        return ops.mm(ops.rmsnorm(x, w["final_norm"], self.config.rms_eps if eps is None else eps), w["head_t"])
+
+    @staticmethod
+    def _pick(logits, k, want_logits):
+        z = logits - jnp.max(logits, axis=-1, keepdims=True)
+        logp = z - jnp.log(jnp.sum(jnp.exp(z), axis=-1, keepdims=True))
+        top_v, top_i = jax.lax.top_k(logp, k)
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), top_i, top_v, (logits if want_logits else None)
+
+    def _prefill_impl(self, w, tokens, lengths, slots):
+        """Each row's last hidden state [B, D] (its logits come from _head) and the caches."""
+        x, kc, vc, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots)
+        return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0], kc, vc
+
+    def _extend_impl(self, w, prefix_k, prefix_v, tokens, lengths, slots):
+        x, kc, vc, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots,
+                                      prefix=(prefix_k, prefix_v))
+        return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0], kc, vc
+
+    def _score_impl(self, w, tokens, want_taps):
+        x, _, _, taps = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens,
+                                       tokens.shape[1], want_taps)
+        return self._logits(w, x), taps
+
+    def _spec(self, batch: int, slots: int, want_taps: bool, window: int | None = None) -> KernelSpec:
+        window = window or slots
+        # invariant: one tiling for every window (generate's windows are all multiples of MIN_WINDOW)
+        tile = min(MIN_WINDOW if self.batch_invariant else ATTN_TILE, window)
+        return KernelSpec(self.config, batch, slots, tile, window, self.fault, self.fault_layer,
+                          self.n_buffers, want_taps, self.interpret)
+
+    def _decode_impl(self, w, ids, pos, kc, vc, want_taps=False, window=None):
+        """The kernel step: hidden states after the last layer [B, D], the updated caches, taps."""
+        spec = self._spec(ids.shape[0], kc.shape[3], want_taps, window)
+        x = w["embed"][ids].astype(F32)
+        return decode_layers(spec, w["hbm"], x, pos, kc, vc, w["rope_decode"])
+
+    def _head_impl(self, w, x, k, want_logits, decode):
+        """Final norm, logits and top-k of hidden states [B, D]. Only the kernel's (decode) head takes a
+        final-norm fault: the prefill is XLA and never faulted."""
+        return self._pick(self._logits(w, x, self.final_eps if decode else None), k, want_logits)
+
 class MegakernelEngine(Engine):
     """dtype "float32" (all f32) or "bfloat16" (bf16 weights, f32 accumulation, f32 residual
     stream and KV cache: the TPU recipe). fault: one of kernel.FAULTS, a self-test aid."""
@@ -123,28 +204,15 @@ class MegakernelEngine(Engine):
         self.rope = self._rope_tables(c.rope_theta)
         # the decode step's own tables (the prefill is never faulted)
         self.rope_decode = self._rope_tables(c.rope_theta * ROPE_THETA_FAULT) if fault == "rope_theta" else self.rope
-        self.final_eps = FINAL_NORM_EPS_FAULT if fault == "final_norm_eps" else c.rms_eps  # the decode step's
         # Weights go into the jitted functions as arguments, never as closure constants: a constant
         # is baked into every compiled shape (540 MB each for SmolLM2), which ran the machine out
         # of memory after a handful of shapes.
         self.w = {"hbm": self.hbm, "embed": self.embed, "head_t": self.head_t,
                   "final_norm": self.final_norm, "rope": self.rope, "rope_decode": self.rope_decode}
-        self._prefill = jax.jit(self._prefill_impl, static_argnames=("slots",))
-        self._extend = jax.jit(self._extend_impl, static_argnames=("slots",))
-        self._prefix_kv = jax.jit(lambda w, tokens: prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"],
-                                                                   tokens, tokens.shape[1])[1:3])
+        for name, fn in _programs(c, fault, self.fault_layer, n_buffers, interpret, batch_invariant).jitted.items():
+            setattr(self, name, fn)
         self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its K/V [L, 1, K, P, hd])
         self.share_prefix = True  # False: every row prefilled in full (the benchmark's ablation)
-        self._score = jax.jit(self._score_impl, static_argnames=("want_taps",))
-        self._gather = jax.jit(lambda kc, vc, keep: (kc[:, keep], vc[:, keep]))  # caches [L, B, K, S, hd]
-        self._put = jax.jit(lambda kc, vc, rk, rv, where, src: (kc.at[:, where].set(rk[:, src]),
-                                                                vc.at[:, where].set(rv[:, src])), donate_argnums=(0, 1))
-        # The decode step is two programs: the kernel (keyed by its shape: rows, slots, window, taps) and
-        # the head (final norm, logits, top-k; keyed by k and want_logits). One program for both traced
-        # and lowered the whole Pallas kernel again for every (k, want_logits) a caller used (generate's
-        # top-5, teacher forcing's logits), about 1.6 s each for mini-llama even from the persistent cache.
-        self._decode = jax.jit(self._decode_impl, static_argnames=("want_taps", "window"), donate_argnums=(3, 4))
-        self._head = jax.jit(self._head_impl, static_argnames=("k", "want_logits", "decode"))
 
     def _rope_tables(self, theta: float) -> dict:
         c = self.config
@@ -152,50 +220,6 @@ class MegakernelEngine(Engine):
         pk, fk = ops.rope_tables(c.rope_style, c.head_dim, c.n_kv_heads, theta)
         return {"perm_q": jnp.asarray(pq), "freq_q": jnp.asarray(fq),
                 "perm_k": jnp.asarray(pk), "freq_k": jnp.asarray(fk)}
-
-    # ---- jitted pieces -------------------------------------------------------------------------
-    def _logits(self, w, x, eps=None):
-        return ops.mm(ops.rmsnorm(x, w["final_norm"], self.config.rms_eps if eps is None else eps), w["head_t"])
-
-    @staticmethod
-    def _pick(logits, k, want_logits):
-        z = logits - jnp.max(logits, axis=-1, keepdims=True)
-        logp = z - jnp.log(jnp.sum(jnp.exp(z), axis=-1, keepdims=True))
-        top_v, top_i = jax.lax.top_k(logp, k)
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32), top_i, top_v, (logits if want_logits else None)
-
-    def _prefill_impl(self, w, tokens, lengths, slots):
-        """Each row's last hidden state [B, D] (its logits come from _head) and the caches."""
-        x, kc, vc, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots)
-        return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0], kc, vc
-
-    def _extend_impl(self, w, prefix_k, prefix_v, tokens, lengths, slots):
-        x, kc, vc, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots,
-                                      prefix=(prefix_k, prefix_v))
-        return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0], kc, vc
-
-    def _score_impl(self, w, tokens, want_taps):
-        x, _, _, taps = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens,
-                                       tokens.shape[1], want_taps)
-        return self._logits(w, x), taps
-
-    def _spec(self, batch: int, slots: int, want_taps: bool, window: int | None = None) -> KernelSpec:
-        window = window or slots
-        # invariant: one tiling for every window (generate's windows are all multiples of MIN_WINDOW)
-        tile = min(MIN_WINDOW if self.batch_invariant else ATTN_TILE, window)
-        return KernelSpec(self.config, batch, slots, tile, window, self.fault, self.fault_layer,
-                          self.n_buffers, want_taps, self.interpret)
-
-    def _decode_impl(self, w, ids, pos, kc, vc, want_taps=False, window=None):
-        """The kernel step: hidden states after the last layer [B, D], the updated caches, taps."""
-        spec = self._spec(ids.shape[0], kc.shape[3], want_taps, window)
-        x = w["embed"][ids].astype(F32)
-        return decode_layers(spec, w["hbm"], x, pos, kc, vc, w["rope_decode"])
-
-    def _head_impl(self, w, x, k, want_logits, decode):
-        """Final norm, logits and top-k of hidden states [B, D]. Only the kernel's (decode) head takes a
-        final-norm fault: the prefill is XLA and never faulted."""
-        return self._pick(self._logits(w, x, self.final_eps if decode else None), k, want_logits)
 
     # ---- the protocol --------------------------------------------------------------------------
     @property

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
+from functools import lru_cache, partial
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +57,33 @@ def device_params(weights: Weights, dtype: str) -> dict:
     return out
 
 
+@lru_cache(maxsize=16)
+def _programs(c, m) -> dict:
+    """The jitted steps for one (config, mesh), shared by every engine built for them: they read nothing else
+    (weights and caches are arguments), and a new engine would otherwise trace them all again (smollm2: 6 s
+    for a tiny generate + forced + score on a second engine, 0.x s with them shared)."""
+    R = ReferenceEngine
+    return {
+        "_score": jax.jit(partial(R._score_impl, c, m), static_argnames="want_taps"),
+        # Every step is two programs: the model (keyed by shapes) and the head (log-softmax, top-k; keyed
+        # by k and want_logits), so a caller's k or want_logits never recompiles the model. On a mesh the
+        # steps' caches are sharded and their logits replicated (sharding.constrain_step).
+        "_prefill": jax.jit(sharding.constrain_step(partial(R._prefill_impl, c), m), donate_argnums=(3, 4)),
+        "_decode": jax.jit(sharding.constrain_step(partial(R._decode_impl, c), m), donate_argnums=(3, 4)),
+        "_head": jax.jit(partial(R._pick, mesh=m), static_argnames=("k", "want_logits")),
+        "_grow": jax.jit(lambda kc, vc, slots: (
+            [jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0))) for x in kc],
+            [jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0))) for x in vc]), static_argnames="slots"),
+        "_extend": jax.jit(sharding.constrain_step(partial(R._extend_impl, c), m), donate_argnums=(4, 5)),
+        "_seed": jax.jit(R._seed_impl, static_argnames=("batch", "slots")),
+        "_gather": jax.jit(lambda kc, vc, keep: ([x[keep] for x in kc], [x[keep] for x in vc])),
+        "_put": jax.jit(lambda kc, vc, rk, rv, where, src: (
+            [x.at[where].set(r[src]) for x, r in zip(kc, rk)], [x.at[where].set(r[src]) for x, r in zip(vc, rv)]),
+            donate_argnums=(0, 1)),
+        "_f64_forward": jax.jit(partial(R._float64_impl, c)),
+    }
+
+
 class ReferenceEngine(Engine):
     """Pure-JAX reference. Its KV cache holds the slots the rows have reached (engines.loop.cache_slots),
     not the loop's full prompt + max_new, and grows by buckets during decode: a decode step's attention
@@ -95,23 +122,8 @@ class ReferenceEngine(Engine):
         else:
             self.params = device_params(weights, dtype)
         self._weights = weights
-        c, m = self.config, self.mesh
-        self._score = jax.jit(partial(self._score_impl, c, m), static_argnames="want_taps")
-        # Every step is two programs: the model (keyed by shapes) and the head (log-softmax, top-k; keyed
-        # by k and want_logits), so a caller's k or want_logits never recompiles the model. On a mesh the
-        # steps' caches are sharded and their logits replicated (sharding.constrain_step).
-        self._prefill = jax.jit(sharding.constrain_step(partial(self._prefill_impl, c), m), donate_argnums=(3, 4))
-        self._decode = jax.jit(sharding.constrain_step(partial(self._decode_impl, c), m), donate_argnums=(3, 4))
-        self._head = jax.jit(partial(self._pick, mesh=m), static_argnames=("k", "want_logits"))
-        self._grow = jax.jit(lambda kc, vc, slots: (
-            [jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0))) for x in kc],
-            [jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0))) for x in vc]), static_argnames="slots")
-        self._extend = jax.jit(sharding.constrain_step(partial(self._extend_impl, c), m), donate_argnums=(4, 5))
-        self._seed = jax.jit(self._seed_impl, static_argnames=("batch", "slots"))
-        self._gather = jax.jit(lambda kc, vc, keep: ([x[keep] for x in kc], [x[keep] for x in vc]))
-        self._put = jax.jit(lambda kc, vc, rk, rv, where, src: (
-            [x.at[where].set(r[src]) for x, r in zip(kc, rk)], [x.at[where].set(r[src]) for x, r in zip(vc, rv)]),
-            donate_argnums=(0, 1))
+        for name, fn in _programs(self.config, self.mesh).items():
+            setattr(self, name, fn)
         self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its per-layer K/V)
         self._p64: dict | None = None  # float64 weights, made on the first float64_logits call
         self.share_prefix = True  # False: every row prefilled in full (the benchmark's ablation)
@@ -239,7 +251,6 @@ class ReferenceEngine(Engine):
         with model.float64_math():
             if self._p64 is None:
                 self._p64 = device_params(self._weights, "float64")
-                self._f64_forward = jax.jit(partial(self._float64_impl, self.config))
             logits = self._f64_forward(self._p64, jnp.asarray(tokens))
             return np.asarray(logits[0, len(prompt) - 1:len(seq)], np.float64)
 
