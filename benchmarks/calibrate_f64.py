@@ -1,6 +1,7 @@
 """The float32 noise floor against a float64 witness (issue 14's false alarm, 2026-12-02): the reference
-run in float32 as `diff` runs it (greedy, full logits), against the SAME reference math in float64 (jax x64,
-`engines.reference.model.f32` set to float64, weights cast up) teacher-forced along the float32 tokens.
+run in float32 as `diff` runs it (greedy, full logits), against the SAME reference math in float64
+(ReferenceEngine.float64_logits: jax x64 inside model.float64_math, weights cast up; diff's conditioning
+witness) teacher-forced along the float32 tokens.
 Two independent float32 implementations can each be this far from exact arithmetic, so their difference
 can reach about twice it: the floor a float32 bound should rest on. For comparison it also prints the
 floor DLOGIT_TOL rests on today (the float32 reference's score path against its own decode path).
@@ -20,28 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-import jax
-
-jax.config.update("jax_enable_x64", True)  # before any array exists
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 N_TOKENS = 32
-
-
-def f64_logits(model_mod, params64, c, prompt: list[int], toks: list[int]) -> np.ndarray:
-    """Float64 logits at the positions that predict toks (one causal forward over prompt + toks[:-1])."""
-    seq = list(prompt) + list(toks[:-1])
-    T = len(seq)
-    kc = [jnp.zeros((1, c.n_kv_heads, T, c.head_dim), jnp.float64)] * c.n_layers
-    lg, *_ = model_mod.forward(params64, c, jnp.asarray([seq], jnp.int32), jnp.arange(T, dtype=jnp.int32)[None],
-                               kc, kc, fresh=True)
-    return np.asarray(lg[0])[len(prompt) - 1:]
 
 
 def main(argv=None) -> int:
@@ -56,7 +42,6 @@ def main(argv=None) -> int:
     from detection import prompt_order
 
     from engines.reference import ReferenceEngine
-    from engines.reference import model as model_mod
     from evalsuite.compare import metrics
     from evalsuite.registry import load_model
     from evalsuite.versions import versions
@@ -68,11 +53,9 @@ def main(argv=None) -> int:
     t0 = time.time()
     gens = ref.generate([ids for _, ids in rows], N_TOKENS, top_k=5, want_logits=True)
     floor = [ref.score([ids + g.token_ids[:-1]])[0].logits[len(ids) - 1:] for (_, ids), g in zip(rows, gens)]
-    params64 = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float64), ref.params)
-    model_mod.f32 = jnp.float64  # the module's compute dtype, read at call time: the same math in float64
     per = []
     for (pid, ids), g, fl in zip(rows, gens, floor):
-        ex = f64_logits(model_mod, params64, c, ids, g.token_ids)
+        ex = ref.float64_logits(ids, g.token_ids)  # what diff's conditioning witness computes
         l32 = np.asarray(g.logits, np.float64)
         d = np.abs(l32 - ex).max(-1)
         per.append({"id": pid, "prompt_tokens": len(ids), "max_dlogit_vs_f64": float(d.max()),

@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engines.megakernel.faults import CATALOGUE  # noqa: E402
+from evalsuite.versions import versions  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -41,6 +42,8 @@ def main(argv=None) -> int:
         print(f"error: unknown fault(s) {bad}" if bad else "error: --limit must be >= 1", file=sys.stderr)
         return 2
     rows = []
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                            capture_output=True, text=True).stdout.strip() or None
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for f in names:
@@ -56,9 +59,12 @@ def main(argv=None) -> int:
             rows.append({"fault": f, "model": model, "verdict": r["verdict"], "caught": r["verdict"] == "FAIL",
                          "items": r["items"], "accuracy": {k: v["accuracy"] for k, v in r["engines"].items()},
                          "paired": {k: r["paired"].get(k) for k in ("b", "c", "loss_p", "loss_upper")},
+                         "weights_sha256": r.get("weights_sha256"),
+                         "data_sha256": (r.get("dataset") or {}).get("sha256"),
                          "seconds": round(time.time() - t0, 1)})
         print(json.dumps(rows[-1]), flush=True)
-        out.write_text(json.dumps({"task": a.task, "limit": a.limit, "data": a.data, "rows": rows}, indent=1))
+        out.write_text(json.dumps({"task": a.task, "limit": a.limit, "data": a.data, "commit": commit,
+                                   "versions": versions(), "rows": rows}, indent=1))
     return 0
 
 

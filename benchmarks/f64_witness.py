@@ -58,7 +58,9 @@ def main(argv=None) -> int:
     f64 = _numpy_logits(t, cfg, list(prompt) + list(toks[:-1]))[len(prompt) - 1:]
     print(f"{a.prompt_id}: {len(prompt)} prompt tokens, {len(toks)} generated; max |logit| at the first: "
           f"{np.abs(f64[0]).max():.1f}")
-    for name, x, y in (("reference (generate) vs float64", gen.logits, f64), ("reference (forced) vs float64",
+    jax64 = ref.float64_logits(prompt, toks)  # diff's conditioning witness: the reference's own math in float64
+    for name, x, y in (("witness (jax float64) vs numpy float64", jax64, f64),
+                       ("reference (generate) vs float64", gen.logits, f64), ("reference (forced) vs float64",
                        ref_forced, f64), ("megakernel (forced) vs float64", mk_forced, f64),
                        ("megakernel vs reference (generate)", mk_forced, gen.logits)):
         d = np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)).max(-1)
