@@ -50,6 +50,10 @@ def diff_report(result: dict, out: Path) -> list[Path]:
         *[f"- **tolerance overridden**: {k} {v['used']} (measured default {v['default']})"
           for k, v in r.get("tolerance_overrides", {}).items()],
         f"- bf16 drift: {_drift_text(r.get('bf16_drift'))}",
+        *([f"- bf16 logit scale: {_scale_text(r['bf16_logit_scale'])}"]
+          if (r.get("bf16_logit_scale") or {}).get("checked") else []),
+        *([f"- conditioning witness: {_witness_text(r['conditioning_witness'])}"]
+          if (r.get("conditioning_witness") or {}).get("prompts") else []),
         f"- observed |Δlogit| where the argmax agrees: p50 {r['observed_noise'].get('p50', 0):.2e}, "
         f"p99 {r['observed_noise'].get('p99', 0):.2e}, max {r['observed_noise'].get('max', 0):.2e}",
         (f"- KL(ref||engine) p99 {r['summary']['kl'].get('p99', 0):.2e}, argmax agreement "
@@ -181,6 +185,10 @@ def diff_text(r: dict) -> str:
     d = r.get("bf16_drift") or {}
     if d.get("checked"):
         lines.append(f"bf16 drift: ratio {d['ratio']:.2f} to the reference's bf16 recipe (bound {d['bound']})")
+    if (r.get("bf16_logit_scale") or {}).get("checked"):
+        lines.append(f"bf16 logit scale: {_scale_text(r['bf16_logit_scale'])}")
+    if (r.get("conditioning_witness") or {}).get("prompts"):
+        lines.append(f"conditioning witness: {_witness_text(r['conditioning_witness'])}")
     ch = r.get("character")
     if ch and ch["kind"] != "none":
         lines.append(f"what kind of difference: {ch['kind']}: {ch['explanation']}")
@@ -254,3 +262,15 @@ def models_text(rows: list[dict]) -> str:
         params = f"{r['params'] / 1e6:8.2f}M" if r["params"] else "       ?"
         out.append(f"{r['name']:<14} {r['family']:<6} {params}  {(r['sha256'] or r.get('error'))[:64]}  {r['source']}")
     return "\n".join(out)
+
+
+def _scale_text(s: dict) -> str:
+    return (f"engine - recipe slope {s['engine_minus_recipe']:+.2e} over {s['prompts']} prompts, t {s['t']:+.1f} "
+            f"(FAIL needs |t| > {s['t_bound']} and |slope| > {s['effect_bound']:.2e}): "
+            f"{'ok' if s['ok'] else 'a systematic logit-scale error'}")
+
+
+def _witness_text(w: dict) -> str:
+    return (f"{w['positions_cleared']} of {w['positions_flagged']} flagged float32 positions cleared by the "
+            f"reference's own distance from float64 (largest {w['max_judge_dlogit_vs_float64'] or 0:.2e}); "
+            f"{w['not_run']} prompt(s) not witnessed")

@@ -9,7 +9,8 @@
    a position whose |Δlogit|, KL or |Δlogprob| exceeds its bound is real even without a flip; the
    free-running tokens are judged by the same rule at their first divergence (a broken generate
    path with a correct teacher-forced path is caught). In bf16 the run's mean divergence is also
-   bounded against the reference's own bf16 recipe measured in the same run. In float32 a prompt with
+   bounded against the reference's own bf16 recipe measured in the same run, and (with full logits) its
+   systematic logit scale, signed, against the recipe's (rule.SCALE). In float32 a prompt with
    flagged positions is judged again with the reference's own distance from float64 at each position
    (the conditioning witness, rule.CONDITIONING): an ill-conditioned position is bounded by what the
    judge's own rounding allows there; where the witness cannot run, the flags stand and are named.
@@ -20,7 +21,7 @@
    one of the first 8 prompts alone, then batches of 2 to 8 drawn in a seeded order (each prompt at
    varying rows); a prompt whose tokens or top-k logprobs differ in any bit from its batch-1 run is a
    FAIL naming it, the batch size and its row.
-Verdict: FAIL on any real mismatch, bf16 drift, non-determinism or a required invariance broken;
+Verdict: FAIL on any real mismatch, bf16 drift or logit scale, non-determinism or a required invariance broken;
 INCONCLUSIVE when a check a PASS needs could not run (bf16 drift on too few positions; over an API:
 prompt tokenization the server could not confirm, echo it cannot vouch for, no logprobs at all); else
 PASS.
@@ -134,6 +135,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
     routed = recipe is not None and c.n_moe_layers > 0
     margins: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     witness: dict[int, list[int]] = {}
+    slopes: dict[int, tuple[float, float]] = {}  # bf16: (engine, recipe) logit slope on the f32 reference
     witnessed: list[dict] = []  # float32: the conditioning witness at flagged prompts (rule.CONDITIONING)
     groups = [[order[k] for k in g] for g in batches([len(encoded[i][1]) for i in order], spec.batch)]
     for bi, idx in enumerate(groups):
@@ -165,6 +167,8 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
             if how == "text" and np.isnan(np.asarray(eg.top_logprobs, float)).all():
                 blocking.append(f"prompt {encoded[i][0].id}: matched as text only; the server's logprobs for it do "
                                 "not line up with the reference's tokens, so none were compared")
+            if rl is not None and caps.logits and fo is not None:  # the bf16 logit-scale check (rule.SCALE)
+                slopes[i] = (rule.logit_slope(rg.logits, fo.logits), rule.logit_slope(rg.logits, rl.logits))
             if rl is not None and rec["_drift"] is not None:
                 drift_e[i] = rec["_drift"]
                 drift_r[i] = (metrics.kl(rg.logits, rl.logits) if caps.logits
@@ -196,6 +200,10 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
                        if r["real_positions"]), None)
     if spec.dtype != "float32" and not drift["checked"]:
         not_checked.append(drift["why"])
+    scale = rule.scale_check([slopes[i][0] for i in sorted(slopes)], [slopes[i][1] for i in sorted(slopes)],
+                             spec.dtype)
+    if spec.dtype != "float32" and not scale["checked"]:
+        not_checked.append(scale["why"])
     bisection = None
     if first_real is not None and caps.taps:
         i, j, rtoks = first_real
@@ -213,6 +221,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
     real = sum(len(r["real_positions"]) for r in per_prompt)
     benign = sum(len(r["benign_positions"]) for r in per_prompt)
     failed = real > 0 or not invariance["deterministic"] or (drift["checked"] and not drift["ok"]) \
+        or (scale["checked"] and not scale["ok"]) \
         or (strict is not None and not strict["ok"])
     unchecked_drift = spec.dtype != "float32" and not drift["checked"]
     verdict = "FAIL" if failed else "INCONCLUSIVE" if unchecked_drift or blocking else "PASS"
@@ -245,6 +254,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
                                  "the reference's top-1 logit and the position's |Δlogit| and KL (over an API: "
                                  "|Δlogprob|) are within their tolerances (evalsuite/compare/rule.py)"),
         "bf16_drift": drift,
+        "bf16_logit_scale": scale,
         "routing": None if routing is None else {k: v for k, v in routing.items() if k != "tied"},
         "conditioning_witness": conditioning,
         "checks_not_possible": not_checked,

@@ -33,6 +33,18 @@ CHARACTER (float32 claims that FAIL): the same positions judged again under the 
   recipe (bf16 or quantised weights/activations; for scale, the reference's own bf16 recipe moves
   the f32 token's logprob by at most 0.078 and flips only at gaps <= 0.035 on the builtin set,
   `benchmarks/recipe_envelope.py`); beyond them, the difference is larger than numeric noise.
+SCALE (bf16, full logits): drift_check bounds magnitudes, so a systematic error smaller than the recipe's
+  rounding passes it (final_norm_eps on mini-llama: drift 1.17-1.22 against 1.3). Such an error moves every
+  position the same way: per prompt, the slope of the engine's centred logits regressed on the float32
+  reference's, minus 1 (rounding noise in the engine does not bias it; the reference is the regressor), less
+  the same slope of the reference's own bf16 recipe (the shared bf16 weights' own scale error). FAIL when the
+  mean over prompts of that difference is both significant (|t| > SCALE_T) and larger than SCALE_FACTOR x
+  (|mean| + sd) of the recipe's own slope over the same prompts (measured in the same run, on the reference).
+  Measured (`benchmarks/signed_bias.py`, builtin, 32 prompts, 2026-12-02): the faithful megakernel against
+  the recipe t +1.5 (mini-llama) and -0.8 (smollm2); final_norm_eps on mini-llama -3.7e-3, t -99. The
+  recipe's own slope against float32: mini-llama mean -2.0e-5, sd 7.8e-5; mini-moe -9.5e-4, sd 2.1e-3
+  (expert flips). On smollm2 neither norm_eps nor final_norm_eps moves it (t -0.3, -0.9): there they have
+  no measurable effect in bf16 at all.
 CONDITIONING (float32 only): the floors above are typical positions. At an ill-conditioned one (large
   logits, near-cancelling sums) two correct float32 implementations can differ by far more:
   gen-0170-raw-repetition's first position (false-alarm run, 2026-12-02) had the faithful megakernel
@@ -74,6 +86,9 @@ MIN_DRIFT_POSITIONS = 256
 # (mini-moe) and <= 0.06 (mini-gptoss). 1.5x, as the per-position bf16 bounds: another bf16 engine rounds
 # differently from the recipe.
 ROUTING_TIE_FACTOR = 1.5
+SCALE_T = 6.0  # |t| of the mean over prompts: two-sided p ~ 1e-4 at 8 prompts (Student t, 7 df) if no error
+SCALE_FACTOR = 1.5  # as the other bf16 bounds: another bf16 engine rounds differently from the recipe
+MIN_SCALE_PROMPTS = 8
 CONDITIONING_FACTOR = 2.0  # the engine may be as far from exact as the judge, on the other side (see CONDITIONING)
 
 
@@ -253,6 +268,32 @@ def drift_check(engine_values: list[np.ndarray], recipe_values: list[np.ndarray]
     ratio = float(e.mean() / max(r.mean(), 1e-30))
     return {"checked": True, "positions": int(e.size), "engine_mean": float(e.mean()),
             "recipe_mean": float(r.mean()), "ratio": ratio, "bound": DRIFT_RATIO, "ok": ratio <= DRIFT_RATIO}
+
+
+def logit_slope(judge_logits: np.ndarray, logits: np.ndarray) -> float:
+    """Mean over positions of the least-squares slope of logits' centred rows on the judge's, minus 1."""
+    x = np.asarray(judge_logits, np.float64)
+    y = np.asarray(logits, np.float64)
+    x = x - x.mean(-1, keepdims=True)
+    y = y - y.mean(-1, keepdims=True)
+    return float(((x * y).sum(-1) / np.maximum((x * x).sum(-1), 1e-30)).mean() - 1)
+
+
+def scale_check(engine_slopes: list[float], recipe_slopes: list[float], dtype: str) -> dict:
+    """bf16 with full logits: the engine's systematic logit scale against the recipe's (SCALE above)."""
+    if dtype != "bfloat16":
+        return {"checked": False, "why": "float32: per-position bounds only"}
+    u, v = np.asarray(engine_slopes, np.float64), np.asarray(recipe_slopes, np.float64)
+    if len(u) < MIN_SCALE_PROMPTS or len(u) != len(v):
+        return {"checked": False, "prompts": int(len(u)),
+                "why": f"bf16 logit-scale check needs full logits on >= {MIN_SCALE_PROMPTS} prompts"}
+    w = u - v
+    sd = float(w.std(ddof=1))
+    t = float(w.mean() / (sd / np.sqrt(len(w)))) if sd > 0 else float(np.sign(w.mean()) * np.inf if w.mean() else 0)
+    floor = SCALE_FACTOR * (abs(float(v.mean())) + float(v.std(ddof=1)))
+    return {"checked": True, "prompts": int(len(w)), "engine_minus_recipe": float(w.mean()), "t": t,
+            "recipe_slope_mean": float(v.mean()), "recipe_slope_sd": float(v.std(ddof=1)), "effect_bound": floor,
+            "t_bound": SCALE_T, "ok": not (abs(t) > SCALE_T and abs(float(w.mean())) > floor)}
 
 
 def character(per_prompt: list[dict], real: int, real16: int, tol16: Tolerances) -> dict:

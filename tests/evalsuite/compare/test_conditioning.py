@@ -75,3 +75,22 @@ def test_the_false_alarm_found_in_the_1000_prompts_is_cleared(smollm2, tmp_path)
     at = r["per_prompt"][0]["conditioning"]
     assert r["verdict"] == "PASS", r["per_prompt"][0]
     assert at["cleared"] == [0] and at["at"][0]["judge_dlogit_vs_float64"] > Tolerances.for_dtype("float32").dlogit
+
+
+def test_the_bf16_logit_scale_check_passes_noise_fails_a_scale_error_and_says_when_it_cannot_run():
+    """rule.scale_check on per-prompt slopes: the recipe's own spread sets the effect bound, so a shift that is
+    significant but far under it (a large prompt set, a tiny legitimate bias) is not a FAIL."""
+    from evalsuite.compare.rule import MIN_SCALE_PROMPTS, scale_check
+
+    rng = np.random.default_rng(1)
+    recipe = rng.normal(-2e-5, 8e-5, 32)  # mini-llama's recipe: mean -2.0e-5, sd 7.8e-5 (measured)
+    faithful = recipe + rng.normal(0, 5e-6, 32)
+    assert scale_check(faithful, recipe, "bfloat16")["ok"]
+    bad = scale_check(faithful - 3.7e-3, recipe, "bfloat16")  # final_norm_eps's shift on mini-llama
+    assert not bad["ok"] and bad["t"] < -6
+    assert not scale_check(recipe - 3.7e-3, recipe, "bfloat16")["ok"]  # no spread at all: t is -inf, still FAIL
+    tiny = scale_check(recipe + 2e-5 + rng.normal(0, 1e-7, 32), recipe, "bfloat16")  # significant, under the bound
+    assert abs(tiny["t"]) > 6 and tiny["ok"]
+    few = scale_check(faithful[:MIN_SCALE_PROMPTS - 1], recipe[:MIN_SCALE_PROMPTS - 1], "bfloat16")
+    assert not few["checked"] and "needs full logits" in few["why"]
+    assert not scale_check(faithful, recipe, "float32")["checked"]
