@@ -11,9 +11,11 @@ has caught the fault or the prompts run out; "first caught" is the 1-based count
 when a rule first fires (within a chunk, the prompt's own index).
 
 Rules (evalsuite/compare/rule.py and evalsuite/compare/peers.py):
-- evalsuite: `diff`'s verdict on the prompts so far (any real position by the one comparator; in
-  bfloat16 also the drift check against the reference's own bf16 recipe, from 256 positions);
-  its batch-invariance and determinism checks are not part of this count.
+- evalsuite: `diff`'s verdict on the prompts so far (any real position by the one comparator, float32
+  flags judged again by the conditioning witness; in bfloat16 also the drift check against the reference's
+  own bf16 recipe, from 256 positions, and the logit-scale check, from 8 prompts); its batch-invariance and
+  determinism checks are not part of this count. (The committed tables predate the witness and the
+  logit-scale check, 2026-12-02; see the README.)
 - vllm, maxtext, sglang: as documented in peers.py. evalsuite judges a bf16 engine against the
   float32 reference (its design); the peers, as their own tests do, against a reference in the same
   dtype (here the reference's bf16 recipe).
@@ -40,7 +42,7 @@ from engines.megakernel import MegakernelEngine  # noqa: E402
 from engines.megakernel.faults import CATALOGUE  # noqa: E402
 from engines.reference import ReferenceEngine  # noqa: E402
 from evalsuite.compare import peers, rule  # noqa: E402
-from evalsuite.compare.diff import routing_margins  # noqa: E402
+from evalsuite.compare.diff import routing_margins, with_witness  # noqa: E402
 from evalsuite.prompts import Prompt  # noqa: E402
 from evalsuite.registry import load_model  # noqa: E402
 from evalsuite.versions import versions  # noqa: E402
@@ -67,7 +69,7 @@ class Judge:
 
     def __init__(self, model, dtype: str, prompts, N: int, progress):
         self.model, self.dtype, self.N = model, dtype, N
-        ref = ReferenceEngine(model.weights, "float32")
+        ref = self.engine = ReferenceEngine(model.weights, "float32")  # also the float32 conditioning witness
         same = ReferenceEngine(model.weights, dtype) if dtype != "float32" else None
         self.ref, self.same, self.recipe = [], [], []
         for c in range(0, len(prompts), CHUNK):
@@ -94,7 +96,7 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> di
     tol = rule.Tolerances.for_dtype(dtype)
     eng = MegakernelEngine(model.weights, dtype, fault=fault)
     first: dict[str, int | None] = {r: None for r in RULES}
-    drift_e, drift_r = [], []
+    drift_e, drift_r, slopes, witnessed = [], [], [], []
     detail = {"max_kl": 0.0, "max_sglang_dlogprob": 0.0, "real_positions": 0, "flagged": {}}
     t0, taken = time.time(), 0
     for c in range(0, len(prompts), CHUNK):
@@ -111,6 +113,8 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> di
             n = c + i + 1
             rg, sg = judge.ref[c + i], judge.same[c + i]
             rec = rule.compare_prompt(rg.token_ids, rg.track(), fo, eg, tol)
+            if dtype == "float32" and rec["real_positions"]:  # as diff: the conditioning witness
+                rec = with_witness(judge.engine, prompts[c + i][1], rg, fo, eg, tol, (), rec, witnessed)
             if judge.margins:  # as diff: real positions at the reference's routing near-ties are not judged
                 rt = rule.routing_ties([rec], {0: judge.margins[c + i]}, judge.moved, {0: judge.witness[c + i]})
                 detail["routing_not_judged"] = detail.get("routing_not_judged", 0) + rt["positions_not_judged"]
@@ -120,6 +124,8 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> di
             if dtype != "float32":
                 drift_e.append(rec["_drift"])  # as diff: every position, routing near-ties included
                 drift_r.append(rule.metrics.kl(rg.logits, judge.recipe[c + i].logits))
+                slopes.append((rule.logit_slope(rg.logits, fo.logits),  # as diff: the logit-scale check
+                               rule.logit_slope(rg.logits, judge.recipe[c + i].logits)))
             hits = {"evalsuite": bool(rec["real_positions"]),
                     "vllm": peers.vllm_rule(sg.token_ids, np.asarray(sg.top_ids), eg.token_ids,
                                             np.asarray(eg.top_ids))["caught"]}
@@ -135,9 +141,13 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> di
         taken = c + len(ids)
         if dtype != "float32" and first["evalsuite"] is None:
             d = rule.drift_check(drift_e, drift_r, dtype)
-            if d["checked"] and not d["ok"]:
+            sc = rule.scale_check([u for u, _ in slopes], [v for _, v in slopes], dtype)
+            if (d["checked"] and not d["ok"]) or (sc["checked"] and not sc["ok"]):
                 first["evalsuite"] = taken
             detail["drift_ratio"] = d.get("ratio")
+            detail["logit_scale_t"] = sc.get("t")
+    if witnessed:
+        detail["witness_cleared"] = sum(w.get("cleared", 0) for w in witnessed)
     return {"fault": fault, "dtype": dtype, "model": model.name, "first_caught": first, "prompts_taken": taken,
             "seconds": round(time.time() - t0, 1), **detail}
 

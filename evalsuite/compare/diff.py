@@ -158,7 +158,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
             track = rg.track()
             rec = rule.compare_prompt(rg.token_ids, track, fo, eg, tol, eos_ids=eos_ids)
             if spec.dtype == "float32" and rec["real_positions"] and how != "unresolved":
-                rec = _with_witness(ref, encoded[i][1], rg, fo, eg, tol, eos_ids, rec, witnessed)
+                rec = with_witness(ref, encoded[i][1], rg, fo, eg, tol, eos_ids, rec, witnessed)
             if tol16 is not None and how != "unresolved":  # the same positions under bf16's bounds
                 r16 = rule.compare_prompt(rg.token_ids, track, fo, eg, tol16, eos_ids=eos_ids)
                 under16.append(len(r16["real_positions"]))
@@ -281,7 +281,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
                       checks_not_possible=tuple(out.pop("checks_not_possible")), details=out)
 
 
-def _with_witness(ref, prompt, rg, fo, eg, tol, eos_ids, rec: dict, witnessed: list) -> dict:
+def with_witness(ref, prompt, rg, fo, eg, tol, eos_ids, rec: dict, witnessed: list) -> dict:
     """A float32 prompt with flagged positions, judged again with the judge's own distance from float64 there
     (rule.CONDITIONING). Where the witness cannot run, the flags stand and the prompt is named as unwitnessed."""
     flagged = rec["real_positions"]
