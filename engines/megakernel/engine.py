@@ -193,7 +193,6 @@ class MegakernelEngine(Engine):
         use_compile_cache()
         self.dtype, self.fault, self.weights_sha256 = dtype, fault, weights.sha256
         self.fault_layer = c.n_layers // 2 if fault_layer is None else fault_layer
-        self.interpret = True if interpret == "generic" else tpu_interpret_params()
         self.n_buffers = n_buffers
         self.batch_invariant = batch_invariant
         self.hbm = hbm_arrays(weights, dtype)
@@ -209,7 +208,9 @@ class MegakernelEngine(Engine):
         # of memory after a handful of shapes.
         self.w = {"hbm": self.hbm, "embed": self.embed, "head_t": self.head_t,
                   "final_norm": self.final_norm, "rope": self.rope, "rope_decode": self.rope_decode}
-        for name, fn in _programs(c, fault, self.fault_layer, n_buffers, interpret, batch_invariant).jitted.items():
+        programs = _programs(c, fault, self.fault_layer, n_buffers, interpret, batch_invariant)
+        self.interpret = programs.interpret  # one InterpretParams per spec, as the programs use it
+        for name, fn in programs.jitted.items():
             setattr(self, name, fn)
         self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its K/V [L, 1, K, P, hd])
         self.share_prefix = True  # False: every row prefilled in full (the benchmark's ablation)

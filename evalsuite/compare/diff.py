@@ -158,7 +158,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
             track = rg.track()
             rec = rule.compare_prompt(rg.token_ids, track, fo, eg, tol, eos_ids=eos_ids)
             if spec.dtype == "float32" and rec["real_positions"] and how != "unresolved":
-                rec = with_witness(ref, encoded[i][1], rg, fo, eg, tol, eos_ids, rec, witnessed)
+                rec = with_witness(ref, encoded[i][1], rg, fo, eg, tol, eos_ids, rec, witnessed, track)
             if tol16 is not None and how != "unresolved":  # the same positions under bf16's bounds
                 r16 = rule.compare_prompt(rg.token_ids, track, fo, eg, tol16, eos_ids=eos_ids)
                 under16.append(len(r16["real_positions"]))
@@ -281,7 +281,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
                       checks_not_possible=tuple(out.pop("checks_not_possible")), details=out)
 
 
-def with_witness(ref, prompt, rg, fo, eg, tol, eos_ids, rec: dict, witnessed: list) -> dict:
+def with_witness(ref, prompt, rg, fo, eg, tol, eos_ids, rec: dict, witnessed: list, track=None) -> dict:
     """A float32 prompt with flagged positions, judged again with the judge's own distance from float64 there
     (rule.CONDITIONING). Where the witness cannot run, the flags stand and the prompt is named as unwitnessed."""
     flagged = rec["real_positions"]
@@ -294,7 +294,8 @@ def with_witness(ref, prompt, rg, fo, eg, tol, eos_ids, rec: dict, witnessed: li
         return rec
     own = np.abs(np.asarray(rg.logits, np.float64) - exact).max(-1)
     own_kl = metrics.kl(exact, rg.logits)
-    again = rule.compare_prompt(rg.token_ids, rg.track(), fo, eg, tol, eos_ids=eos_ids, conditioning=(own, own_kl))
+    again = rule.compare_prompt(rg.token_ids, track or rg.track(), fo, eg, tol, eos_ids=eos_ids,
+                                conditioning=(own, own_kl))
     bounds = rule.position_bounds(tol, len(own), (own, own_kl))
     again["conditioning"] = {"run": True, "cleared": sorted(set(flagged) - set(again["real_positions"])), "at": {
         int(j): {"judge_dlogit_vs_float64": float(own[j]), "judge_kl_vs_float64": float(own_kl[j]),
