@@ -6,7 +6,9 @@
 
 Each fault runs `evalsuite run TASK --fault F` into one output folder per model, so the reference's
 answers are computed once and reused from its journal (its key holds no fault); the megakernel's are
-computed per fault. A benchmark: it prints figures and writes JSON; it asserts nothing.
+computed per fault. `--resume` keeps the rows already in --out (same task, limit and data) and runs only the
+faults missing there; each row names the commit it was measured at. A benchmark: it prints figures and writes
+JSON; it asserts nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--faults", default="all")
     ap.add_argument("--runs", default="runs/detection-accuracy")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--resume", action="store_true", help="keep the rows already in --out, run the missing faults")
     a = ap.parse_args(argv)
     names = [f.name for f in CATALOGUE] if a.faults == "all" else a.faults.split(",")
     needs = {f.name: f.needs for f in CATALOGUE}
@@ -41,12 +44,14 @@ def main(argv=None) -> int:
     if bad or a.limit < 1:
         print(f"error: unknown fault(s) {bad}" if bad else "error: --limit must be >= 1", file=sys.stderr)
         return 2
-    rows = []
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
                             capture_output=True, text=True).stdout.strip() or None
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for f in names:
+    rows, first = _kept(out, a) if a.resume else ([], commit)
+    done = {r["fault"] for r in rows if "error" not in r}
+    rows = [r for r in rows if r["fault"] in done]
+    for f in [n for n in names if n not in done]:
         model = a.moe_model if needs[f] == "moe" else a.model
         t0 = time.time()
         p = subprocess.run([sys.executable, "-m", "evalsuite.cli", "run", a.task, "--model", model, "--data", a.data,
@@ -61,11 +66,21 @@ def main(argv=None) -> int:
                          "paired": {k: r["paired"].get(k) for k in ("b", "c", "loss_p", "loss_upper")},
                          "weights_sha256": r.get("weights_sha256"),
                          "data_sha256": (r.get("dataset") or {}).get("sha256"),
-                         "seconds": round(time.time() - t0, 1)})
+                         "seconds": round(time.time() - t0, 1), "commit": commit})
         print(json.dumps(rows[-1]), flush=True)
-        out.write_text(json.dumps({"task": a.task, "limit": a.limit, "data": a.data, "commit": commit,
+        out.write_text(json.dumps({"task": a.task, "limit": a.limit, "data": a.data, "commit": first,
                                    "versions": versions(), "rows": rows}, indent=1))
     return 0
+
+
+def _kept(out: Path, a) -> tuple[list[dict], str | None]:
+    """The rows of an earlier run of the same table (rows without their own commit take the file's)."""
+    if not out.exists():
+        return [], None
+    old = json.loads(out.read_text())
+    if (old["task"], old["limit"]) != (a.task, a.limit):
+        sys.exit(f"error: {out} holds {old['task']} --limit {old['limit']}, not {a.task} --limit {a.limit}")
+    return [{**r, "commit": r.get("commit", old.get("commit"))} for r in old["rows"]], old.get("commit")
 
 
 if __name__ == "__main__":

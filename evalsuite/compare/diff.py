@@ -29,7 +29,6 @@ PASS.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -38,7 +37,7 @@ import numpy as np
 
 from engines.errors import ModelError
 from engines.loop import batches
-from evalsuite.compare import metrics, rule
+from evalsuite.compare import invariance, metrics, rule
 from evalsuite.engines import judge, make_engine
 from evalsuite.errors import SpecError
 from evalsuite.prompts import load_prompts
@@ -50,9 +49,7 @@ from evalsuite.versions import versions
 # megakernel taps match the reference to 3e-6 (f32, mini models); in bf16 every layer drifts,
 # so bisection there is a hint, not a proof.
 TAP_TOL = {"float32": 1e-3, "bfloat16": 0.5}
-INVARIANCE_BATCH = 4
 REQUIRABLE = ("batch-invariance",)
-STRICT_INVARIANCE_PROMPTS = 8  # --require batch-invariance: batch sizes 1..8 over the first 8 prompts
 # what cannot be measured without full logits or taps (reported as not checked; blocks nothing)
 LACKS_LOGITS = ("full-vocabulary logits: |Δlogit| and KL (the engine gives top-k logprobs only; |Δlogprob| of the "
                 "reference's token is compared instead)")
@@ -212,17 +209,17 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
         bisection = _bisect(ref, eng, encoded[i][1], rtoks, j, tap_tol)
         bisection["prompt"] = encoded[i][0].id
     progress("diff: batch invariance and determinism")
-    invariance = _batch_invariance(eng, [ids for _, ids in encoded[:INVARIANCE_BATCH]], N)
+    measured = invariance.batch_invariance(eng, [ids for _, ids in encoded[:invariance.INVARIANCE_BATCH]], N)
     strict = None
     if "batch-invariance" in spec.require:
         progress("diff: --require batch-invariance (batch sizes 1-8, seeded order)")
-        strict = strict_batch_invariance(eng, [(p.id, ids) for p, ids in encoded[:STRICT_INVARIANCE_PROMPTS]], N,
-                                         spec.seed)
+        strict = invariance.strict_batch_invariance(
+            eng, [(p.id, ids) for p, ids in encoded[:invariance.STRICT_INVARIANCE_PROMPTS]], N, spec.seed)
         if strict["batch_sizes"] == [1]:
             blocking.append("batch invariance: required, but only one prompt fits, so no batch could be formed")
     real = sum(len(r["real_positions"]) for r in per_prompt)
     benign = sum(len(r["benign_positions"]) for r in per_prompt)
-    failed = real > 0 or not invariance["deterministic"] or (drift["checked"] and not drift["ok"]) \
+    failed = real > 0 or not measured["deterministic"] or (drift["checked"] and not drift["ok"]) \
         or (scale["checked"] and not scale["ok"]) \
         or (strict is not None and not strict["ok"])
     unchecked_drift = spec.dtype != "float32" and not drift["checked"]
@@ -267,7 +264,7 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
         "observed_noise": metrics.summary(matched),
         "summary": summary,
         "bisection": bisection,
-        "batch_invariance": invariance,
+        "batch_invariance": measured,
         "batch_invariance_required": strict,
         "per_prompt": per_prompt,
         "seed": None, "seed_note": "greedy decoding: no random choice is made",
@@ -358,44 +355,3 @@ def _bisect(ref, eng, prompt, rtoks, j, tap_tol) -> dict:
     bad = np.flatnonzero(per_layer > tap_tol)
     return {"position": j, "layer": int(bad[0]) if bad.size else None, "tap_tolerance": tap_tol,
             "max_dhidden_per_layer": [float(x) for x in per_layer]}
-
-
-def strict_batch_invariance(eng, prompts: list[tuple[str, list[int]]], n: int, seed: int) -> dict:
-    """Every prompt alone (batch 1), then one batch of each size 2..len(prompts), its prompts drawn in a
-    seeded order (so each lands at varying rows): any bit of a row's tokens or top-k logprobs that
-    differs from the prompt's batch-1 run is a difference, named by prompt, batch size and row."""
-    alone = [eng.generate([p], n)[0] for _, p in prompts]
-    rng = random.Random(seed)
-    batches, diffs = [], []
-    for b in range(2, len(prompts) + 1):
-        order = rng.sample(range(len(prompts)), b)
-        for row, (i, g) in enumerate(zip(order, eng.generate([prompts[i][1] for i in order], n))):
-            d = _first_difference(alone[i], g)
-            if d is not None:
-                diffs.append({"prompt": prompts[i][0], "batch": b, "row": row, **d})
-        batches.append({"batch": b, "order": [prompts[i][0] for i in order]})
-    return {"ok": not diffs, "seed": seed, "prompts": [pid for pid, _ in prompts],
-            "batch_sizes": [1] + [x["batch"] for x in batches], "batches": batches, "differences": diffs,
-            "rule": "tokens and top-k logprobs bitwise equal to the prompt's batch-1 run"}
-
-
-def _first_difference(a, b) -> dict | None:
-    """Where generation b first differs from a in any bit (a token, or a top-k logprob)."""
-    for j in range(max(len(a.token_ids), len(b.token_ids))):
-        ta = a.token_ids[j] if j < len(a.token_ids) else None
-        tb = b.token_ids[j] if j < len(b.token_ids) else None
-        if ta != tb:
-            return {"step": j, "what": "token", "alone": ta, "batched": tb}
-        la, lb = np.asarray(a.top_logprobs[j]), np.asarray(b.top_logprobs[j])
-        if not np.array_equal(np.asarray(a.top_ids[j]), np.asarray(b.top_ids[j])) or not np.array_equal(la, lb):
-            return {"step": j, "what": "top-k logprobs", "max_abs": float(np.abs(la - lb).max())}
-    return None
-
-
-def _batch_invariance(eng, prompts: list[list[int]], n: int) -> dict:
-    together = eng.generate(prompts, n)
-    alone = [eng.generate([p], n)[0] for p in prompts]
-    again = eng.generate(prompts[:1], n)[0]
-    same = [a.token_ids == b.token_ids for a, b in zip(together, alone)]
-    return {"batch": len(prompts), "invariant": all(same), "rows_identical": int(sum(same)),
-            "deterministic": again.token_ids == alone[0].token_ids}
