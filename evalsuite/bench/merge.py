@@ -72,13 +72,21 @@ def merge_runs(dirs: list[str], output: str) -> RunResult:
                 raise SpecError(f"{d} is a shard of another run: its {key} differs from {shards[0]}'s")
     engines = {}
     for name, summary in first["engines"].items():
+        prints = {docs[shards[i]]["engines"][name].get("fingerprint") for i in range(n)}
+        if None in prints:
+            old = next(shards[i] for i in range(n) if docs[shards[i]]["engines"][name].get("fingerprint") is None)
+            raise SpecError(f"{old} does not record its {name} engine's fingerprint (it predates them): "
+                            "shards cannot be shown to come from one engine build; rerun that shard")
+        if len(prints) > 1:
+            raise SpecError(f"the shards ran different builds of the {name} engine (fingerprints differ): "
+                            "rerun them from one checkout")
         recs = [r for i in range(n) for r in _records(docs[shards[i]], name)]
         ids = [r["doc_id"] for r in recs]
         if len(set(ids)) != len(ids):
             dup = sorted({x for x in ids if ids.count(x) > 1})[:3]
             raise SpecError(f"item(s) {dup} appear in more than one shard")
         engines[name] = {"records": sorted(recs, key=lambda r: r["doc_id"]), "live_accuracy": None,
-                         "primary_filter": summary["primary_filter"],
+                         "primary_filter": summary["primary_filter"], "fingerprint": prints.pop(),
                          "lm_eval_results": [docs[shards[i]]["engines"][name]["lm_eval_results"] for i in range(n)]}
     known = {f.name for f in fields(RunSpec)}
     spec = replace(RunSpec(**{k: v for k, v in first["spec"].items() if k in known and k != "remote"}

@@ -192,7 +192,8 @@ def _run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks
         raise SpecError(f"shard {spec.shard} holds no items (there are fewer items than shards)")
     live = lm.live  # the progress bar's running estimate, kept as a cross-check
     return {"records": records, "live_accuracy": live.right / live.seen if live is not None and live.seen else None,
-            "lm_eval_results": str(eng_dir / "lm_eval_results.json"), "primary_filter": primary}
+            "lm_eval_results": str(eng_dir / "lm_eval_results.json"), "primary_filter": primary,
+            "fingerprint": lm.engine.fingerprint}
 
 
 def _failures(records: list[dict], task: str) -> dict:
@@ -263,6 +264,7 @@ def assemble(spec: RunSpec, engines: dict[str, dict], context: dict, seconds: fl
                         "accuracy_ci95": stats.wilson_ci(sum(r["correct"] for r in e["records"]), len(e["records"])),
                         "live_accuracy": e["live_accuracy"],
                         "primary_filter": e["primary_filter"], "lm_eval_results": e["lm_eval_results"],
+                        "fingerprint": e["fingerprint"],
                         "failures": _failures(e["records"], spec.task)} for k, e in engines.items()},
         "paired": {"b": v.b, "c": v.c, "mcnemar_p": v.mcnemar_p, "loss_p": v.loss_p, "loss_upper": v.loss_upper,
                    "diff_ci": list(v.diff_ci), "item_agreement": agree, "identical_responses": same_resp,

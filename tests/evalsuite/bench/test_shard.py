@@ -41,6 +41,7 @@ def test_merge_equals_the_unsharded_run(runs):
         assert merged["engines"][engine]["accuracy"] == full["engines"][engine]["accuracy"]
     assert (merged["verdict"], merged["items"], merged["paired"]) == (full["verdict"], full["items"], full["paired"])
     assert merged["spec"]["shard"] is None and len(merged["merged_from"]) == 2
+    assert merged["engines"]["megakernel"]["fingerprint"] == full["engines"]["megakernel"]["fingerprint"]
 
 
 def test_missing_repeated_and_foreign_shards_are_errors(runs, tmp_path):
@@ -56,6 +57,15 @@ def test_missing_repeated_and_foreign_shards_are_errors(runs, tmp_path):
     (other / "comparison.json").write_text(json.dumps(doc))
     with pytest.raises(SpecError, match="is a shard of another run: limit"):
         merge_runs([str(runs / "s0"), str(other)], out)
+    # a shard from another build of an engine (another checkout, another session) is refused, and so is one that
+    # cannot show which build it ran
+    doc["spec"]["limit"] = 4
+    for fp, message in (("another-build", "different builds of the megakernel engine"),
+                        (None, "does not record its megakernel engine's fingerprint")):
+        doc["engines"]["megakernel"]["fingerprint"] = fp
+        (other / "comparison.json").write_text(json.dumps(doc))
+        with pytest.raises(SpecError, match=message):
+            merge_runs([str(runs / "s0"), str(other)], out)
     with pytest.raises(SpecError, match="--shard must be i/N"):
         RunSpec(task="gsm8k", shard="2/2")
     p = subprocess.run([sys.executable, "-m", "evalsuite.cli", "merge", str(runs / "s0"), "--output", out],
