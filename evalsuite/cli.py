@@ -302,6 +302,17 @@ def merge_cmd(run_dirs, output, as_json) -> None:
     sys.exit(exit_code(r["verdict"]))
 
 
+@main.command("export")
+@click.argument("run_dir")
+@click.option("--output", required=True, help="Folder for the export (`merge` takes it like a run folder).")
+def export_cmd(run_dir, output) -> None:
+    """A run's (or shard's) per-item evidence without the benchmark's text (prompts, gold answers; GPQA's
+    responses as sha256), fit to publish. Exit 0, or 2 when RUN_DIR is not a finished run."""
+    from evalsuite.bench.export import export_run
+
+    click.echo(json.dumps(export_run(run_dir, output)))
+
+
 @main.command()
 @click.option("--engine", default="reference", show_default=True, help=ENGINE_HELP)
 @click.option("--model", default=DEFAULT_MODEL, show_default=True)

@@ -37,8 +37,10 @@ def _load(d: Path) -> dict:
     return doc
 
 
-def _records(doc: dict, engine: str) -> list[dict]:
+def _records(d: Path, doc: dict, engine: str) -> list[dict]:
     path = Path(doc["engines"][engine]["lm_eval_results"]).parent / "records.jsonl"
+    if not path.is_absolute():  # an exported shard (evalsuite/bench/export.py)
+        path = d / path
     if not path.is_file():
         raise SpecError(f"missing {path}")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -80,7 +82,7 @@ def merge_runs(dirs: list[str], output: str) -> RunResult:
         if len(prints) > 1:
             raise SpecError(f"the shards ran different builds of the {name} engine (fingerprints differ): "
                             "rerun them from one checkout")
-        recs = [r for i in range(n) for r in _records(docs[shards[i]], name)]
+        recs = [r for i in range(n) for r in _records(Path(shards[i]), docs[shards[i]], name)]
         ids = [r["doc_id"] for r in recs]
         if len(set(ids)) != len(ids):
             dup = sorted({x for x in ids if ids.count(x) > 1})[:3]

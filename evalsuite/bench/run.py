@@ -109,7 +109,8 @@ def _resolve_tasks(task: str, data: Data, out: Path) -> Path:
     return dst
 
 
-def _repetition(text: str) -> float:
+def repetition(text: str) -> float:
+    """The share of repeated REPEAT_NGRAM-word n-grams in a response (a loop scores near 1)."""
     w = text.split()
     grams = [tuple(w[i:i + REPEAT_NGRAM]) for i in range(len(w) - REPEAT_NGRAM + 1)]
     return 1 - len(set(grams)) / len(grams) if grams else 0.0
@@ -196,17 +197,22 @@ def _run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks
             "fingerprint": lm.engine.fingerprint}
 
 
+def gold_in_response(r: dict) -> bool:
+    """GSM8K: the gold number appears in the response as a number of its own (an extraction miss when the
+    answer was scored wrong)."""
+    gold = str(r["target"]).split("####")[-1].strip()
+    return bool(re.search(rf"(?<![0-9]){re.escape(gold)}(?![0-9])", r["response"] or ""))
+
+
 def _failures(records: list[dict], task: str) -> dict:
     gen = [r for r in records if r["generated_tokens"] is not None]
+    # an exported record (evalsuite/bench/export.py) carries these figures instead of the text they come from
     out = {"truncated_at_budget": sum(r["finish_reason"] == "length" for r in gen),
-           "repetition_loops": sum(_repetition(r["response"]) > 0.3 for r in gen)}
+           "repetition_loops": sum((r["repetition"] if "repetition" in r else repetition(r["response"])) > 0.3
+                                   for r in gen)}
     if task == "gsm8k":
-        miss = 0
-        for r in gen:
-            gold = str(r["target"]).split("####")[-1].strip()
-            if not r["correct"] and re.search(rf"(?<![0-9]){re.escape(gold)}(?![0-9])", r["response"] or ""):
-                miss += 1
-        out["extraction_misses"] = miss
+        out["extraction_misses"] = sum(not r["correct"] and (r["gold_in_response"] if "gold_in_response" in r
+                                                             else gold_in_response(r)) for r in gen)
         if all("correct_strict-match" in r for r in records):
             out["strict_vs_flexible_disagreements"] = sum(
                 r["correct_strict-match"] != r["correct_flexible-extract"] for r in records)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from evalsuite.bench.export import export_run
 from evalsuite.bench.merge import merge_runs
 from evalsuite.bench.run import RunSpec, run_benchmark
 from evalsuite.errors import SpecError
@@ -72,3 +73,41 @@ def test_missing_repeated_and_foreign_shards_are_errors(runs, tmp_path):
                        capture_output=True, text=True, timeout=120)
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert p.returncode == 2 and len(lines) == 1 and "missing shard(s) 1/2" in lines[0], p.stderr
+    p = subprocess.run([sys.executable, "-m", "evalsuite.cli", "export", str(tmp_path), "--output", out],
+                       capture_output=True, text=True, timeout=120)
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and "is not a finished run folder" in lines[0], p.stderr
+
+
+def test_exported_shards_hold_no_data_text_and_merge_to_the_unsharded_run(runs, tmp_path):
+    for s in ("s0", "s1"):
+        export_run(str(runs / s), str(tmp_path / s))
+    # the export moves: merge finds its records relative to it, not where the run was
+    (tmp_path / "s1").rename(tmp_path / "moved")
+    merge_runs([str(tmp_path / "s0"), str(tmp_path / "moved")], str(tmp_path / "merged"))
+    full = json.loads((runs / "full" / "comparison.json").read_text())
+    merged = json.loads((tmp_path / "merged" / "comparison.json").read_text())
+    assert (merged["verdict"], merged["items"], merged["paired"]) == (full["verdict"], full["items"], full["paired"])
+    for engine in ("reference", "megakernel"):
+        assert merged["engines"][engine]["failures"] == full["engines"][engine]["failures"]
+        assert merged["engines"][engine]["accuracy"] == full["engines"][engine]["accuracy"]
+        text = (tmp_path / "s0" / engine / "records.jsonl").read_text()
+        assert '"target"' not in text and "####" not in text  # GSM8K's gold solutions end in "#### N"
+        assert [r["response"] for r in records(tmp_path / "s0", engine)] == \
+            [r["response"] for r in records(runs / "s0", engine)]
+    assert not list((tmp_path / "s0").rglob("journal.jsonl")) and not list((tmp_path / "s0").rglob("*.yaml"))
+
+
+def test_gpqa_exports_keep_responses_as_sha256_only(tmp_path):
+    run = tmp_path / "run"
+    (run / "reference").mkdir(parents=True)
+    rec = {"doc_id": 0, "prompt_sha256": "ab", "response": "a quoted question", "extracted": "(A)", "target": "(B)",
+           "correct": False, "finish_reason": "length", "generated_tokens": 256}
+    (run / "reference" / "records.jsonl").write_text(json.dumps(rec) + "\n")
+    doc = {"task": "gpqa", "spec": {"shard": "0/2"},
+           "engines": {"reference": {"lm_eval_results": str(run / "reference" / "lm_eval_results.json")}}}
+    (run / "comparison.json").write_text(json.dumps(doc))
+    export_run(str(run), str(tmp_path / "out"))
+    text = (tmp_path / "out" / "reference" / "records.jsonl").read_text()
+    assert "quoted" not in text and "(B)" not in text and '"response": "sha256:' in text
+    assert json.loads(text)["repetition"] == 0.0

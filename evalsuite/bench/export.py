@@ -1,0 +1,64 @@
+"""`evalsuite export RUN_DIR --output DIR`: a run's per-item evidence without the benchmark's text, to publish.
+
+A run folder holds the data's text: lm-eval's prompts in the journals, the gold answers in each record's
+`target`, and for GPQA the model's answers may quote a question (GPQA's authors ask that its questions never
+appear on the web). The export keeps what the verdict rests on and nothing of the data: `comparison.json`
+(spec, dataset sha256, weights sha256, engine fingerprints, the verdict) and, per engine, the records without
+`target`; what the failure analysis read from the text is computed here and kept as numbers
+(`gold_in_response` for GSM8K, `repetition`); GPQA responses become their sha256 (equal responses stay
+equal, so the paired comparison is unchanged). `evalsuite merge` takes exported shards like run folders, so
+the shards of a long run can be computed on different hosts or days and kept, e.g. committed, as they finish.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from evalsuite.bench.run import gold_in_response, repetition
+from evalsuite.errors import SpecError
+from evalsuite.report import write_json
+
+HASHED_RESPONSES = ("gpqa",)  # tasks whose model answers may quote the data: responses kept as sha256 only
+
+
+def _record(r: dict, task: str) -> dict:
+    out = {k: v for k, v in r.items() if k != "target"}
+    if r["generated_tokens"] is not None:
+        out["repetition"] = r.get("repetition", repetition(r["response"] or ""))
+        if task == "gsm8k":
+            out["gold_in_response"] = r.get("gold_in_response", gold_in_response(r))
+    if task in HASHED_RESPONSES and not str(r["response"]).startswith("sha256:"):
+        out["response"] = "sha256:" + hashlib.sha256(str(r["response"]).encode()).hexdigest()
+    return out
+
+
+def export_run(run_dir: str, output: str) -> dict:
+    src, out = Path(run_dir), Path(output)
+    f = src / "comparison.json"
+    if not f.is_file():
+        raise SpecError(f"{src} is not a finished run folder (no comparison.json)")
+    try:
+        doc = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise SpecError(f"{f} is not valid JSON: {e}") from None
+    if out.resolve() == src.resolve():
+        raise SpecError("--output must be another folder than the run's")
+    task, kept = doc["task"], {}
+    for name, summary in doc["engines"].items():
+        path = Path(summary["lm_eval_results"]).parent / "records.jsonl"
+        if not path.is_absolute():
+            path = src / path
+        if not path.is_file():
+            raise SpecError(f"missing {path}")
+        records = [_record(json.loads(x), task) for x in path.read_text().splitlines() if x.strip()]
+        (out / name).mkdir(parents=True, exist_ok=True)
+        (out / name / "records.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        summary["lm_eval_results"] = f"{name}/lm_eval_results.json"  # relative: the export can move
+        kept[name] = len(records)
+    doc["exported"] = {"from": str(src), "records": kept,
+                       "removed": "the data's text: prompts (journals), gold answers (target)" +
+                                  (", responses (sha256 kept)" if task in HASHED_RESPONSES else "")}
+    write_json(out / "comparison.json", doc)
+    return {"output": str(out), "task": task, "shard": doc["spec"].get("shard"), "records": kept}
