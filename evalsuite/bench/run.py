@@ -141,7 +141,7 @@ def release_memory() -> None:
 
 
 def _run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks_dir: Path, out: Path,
-                progress: Callable[[str], None], built=None) -> dict:
+                progress: Callable[[str], None], built=None, folder: str | None = None) -> dict:
     offline()
     import lm_eval
     from lm_eval.tasks import TaskManager
@@ -150,7 +150,7 @@ def _run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks
 
     name, _, primary, metric, chat = VARIANTS[spec.task][spec.variant or DEFAULT_VARIANT[spec.task]]
     progress(f"run: {spec.task} on {engine} ({dtype}, fault={fault})")
-    eng_dir = out / engine
+    eng_dir = out / (folder or engine)
     eng_dir.mkdir(parents=True, exist_ok=True)
     lm = EngineLM(engine=engine, model=spec.model, dtype=dtype, fault=fault, journal=str(eng_dir / "journal.jsonl"),
                   remote=spec.remote if built is not None else None, built=built, shard=spec.shard_of)
@@ -324,8 +324,8 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     engines = {}
     engines[spec.against] = _run_engine(spec, spec.against, "float32", None, tasks_dir, out, progress)
     release_memory()  # the judge is done: its buffers go back before the engine under test runs
-    engines[spec.engine if spec.engine != spec.against else spec.engine + "-under-test"] = _run_engine(
-        spec, spec.engine, spec.dtype, spec.fault, tasks_dir, out, progress, built)
+    key = spec.engine if spec.engine != spec.against else spec.engine + "-under-test"  # its own folder, journal
+    engines[key] = _run_engine(spec, spec.engine, spec.dtype, spec.fault, tasks_dir, out, progress, built, key)
     context = {"dataset": _dataset(src, data, bundled, n_items, spec), "weights_sha256": model.weights.sha256,
                "api": api_notes, "bundled": bundled, "n_items": n_items}
     result = assemble(spec, engines, context, time.time() - t0)

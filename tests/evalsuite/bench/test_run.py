@@ -168,6 +168,19 @@ def test_kill_and_resume_loses_and_redoes_nothing(tmp_path):
 
 
 @pytest.mark.heavy  # 73 s in CI; CI FAILs stale_feedback through verify on mini-llama (test_evidence.py)
+def test_reference_against_itself_in_bf16_keeps_two_folders(tmp_path):
+    """--engine reference (its bf16 recipe) against the float32 reference: each run has its own records and
+    journal (they once shared one folder, and the second run's records replaced the first's)."""
+    p = cli("run", "gpqa", "--model", "mini-llama", "--engine", "reference", "--dtype", "bfloat16", "--limit", "3",
+            "--output", str(tmp_path / "r"), "--json")
+    assert p.returncode in (0, 1, 3), p.stderr[-2000:]
+    r = json.loads(p.stdout)
+    folders = {k: Path(e["lm_eval_results"]).parent for k, e in r["engines"].items()}
+    assert set(folders) == {"reference", "reference-under-test"} and len(set(folders.values())) == 2
+    for f in folders.values():
+        assert (f / "records.jsonl").read_text().count("\n") == 3 and (f / "journal.jsonl").is_file()
+
+
 def test_faulty_engine_fails_on_the_sanity_task(tmp_path):
     """stale_feedback on smollm2, 16 sanity items: measured 0.875 -> 0.1875 (b=11, c=0, exact one-sided
     p 0.0005; a FAIL needs b >= 6 with c = 0): FAIL, exit 1, and the text names the loss and the differing
