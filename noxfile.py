@@ -126,6 +126,15 @@ def false_alarms(session: nox.Session) -> None:
 
 
 @nox.session
+def full_run(session: nox.Session) -> None:
+    """A full-size run kept as exported shards (default: GSM8K 5-shot, all 1,319 items, 8 shards, into
+    benchmarks/results/gsm8k-full; resumable, and computable over several hosts or days: `-- --only 0,1`)."""
+    _install(session)
+    session.run("python", "benchmarks/full_run.py", *(session.posargs or [
+        "--task", "gsm8k", "--shards", "8", "--results", "benchmarks/results/gsm8k-full"]))
+
+
+@nox.session
 def golden(session: nox.Session) -> None:
     """Check the golden files (pass `-- --golden-update` to rewrite them from the reference)."""
     _install(session)

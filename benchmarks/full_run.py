@@ -1,0 +1,84 @@
+"""A full-size `evalsuite run` kept as exported shards, so that it can be computed over several machines or days.
+
+    .venv/bin/python benchmarks/full_run.py --task gsm8k --shards 8 --data ../shared/data \\
+        --results benchmarks/results/gsm8k-full
+
+For each shard i of N not yet in --results: `evalsuite run TASK --shard i/N --output WORK/si` (resumable from
+its journal after a kill), then `evalsuite export` of it into RESULTS/si (no prompts, no gold answers: fit to
+commit) with its wall time, peak RSS and the commit it ran at (RESULTS/si/run.json). `--only 2,3` runs just
+those shards (one host's share). When every shard is in RESULTS, `evalsuite merge` writes RESULTS/merged and
+the run's verdict is printed. `merge` refuses shards from different engine builds, so shards computed later
+must come from a checkout whose engines are the same (their fingerprints say so). A benchmark: it prints
+figures and writes files; it asserts nothing. Exit: merge's verdict code when merged, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "evalsuite.cli", *args], cwd=ROOT, text=True, **kw)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="a full-size run, kept as exported shards")
+    ap.add_argument("--task", default="gsm8k")
+    ap.add_argument("--variant", default=None)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--data", default="../shared/data")
+    ap.add_argument("--limit", type=int, default=None, help="the first N items only (a trial of the pipeline)")
+    ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--only", default=None, help="comma-separated shard indices (default: every missing one)")
+    ap.add_argument("--work", default=None, help="run folders (default runs/full-TASK)")
+    ap.add_argument("--results", required=True, help="exported shards and the merged result")
+    a = ap.parse_args(argv)
+    n = a.shards
+    todo = range(n) if a.only is None else [int(x) for x in a.only.split(",")]
+    if n < 1 or any(not 0 <= i < n for i in todo):
+        print(f"error: shards must be 0..{n - 1} of --shards {n}", file=sys.stderr)
+        return 2
+    work, results = Path(a.work or f"runs/full-{a.task}"), Path(a.results)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip() or None
+    extra = (["--variant", a.variant] if a.variant else []) + (["--limit", str(a.limit)] if a.limit else [])
+    for i in todo:
+        if (results / f"s{i}" / "comparison.json").is_file():
+            print(f"shard {i}/{n}: already in {results}", flush=True)
+            continue
+        t0 = time.time()
+        p = _cli("run", a.task, *extra, "--model", a.model, "--data", a.data, "--shard", f"{i}/{n}",
+                 "--output", str(work / f"s{i}"), "--json", stdout=subprocess.PIPE)
+        if p.returncode not in (0, 1, 3):
+            print(f"shard {i}/{n}: run failed (exit {p.returncode}); rerun to resume it", file=sys.stderr)
+            return p.returncode
+        e = _cli("export", str(work / f"s{i}"), "--output", str(results / f"s{i}"), capture_output=True)
+        if e.returncode:
+            print(e.stderr.strip(), file=sys.stderr)
+            return e.returncode
+        r = json.loads(p.stdout)
+        meta = {"shard": f"{i}/{n}", "commit": commit, "wall_s": round(time.time() - t0, 1),
+                # the largest child so far: the runs go one at a time, so this is the largest shard's peak
+                "peak_rss_gb_so_far": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 2),
+                "verdict_of_this_share": r["verdict"], "items": r["items"],
+                "accuracy": {k: v["accuracy"] for k, v in r["engines"].items()}}
+        (results / f"s{i}" / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
+        print(json.dumps(meta), flush=True)
+    have = [i for i in range(n) if (results / f"s{i}" / "comparison.json").is_file()]
+    if len(have) < n:
+        print(f"{len(have)} of {n} shards in {results}; missing: {sorted(set(range(n)) - set(have))}")
+        return 0
+    m = _cli("merge", *[str(results / f"s{i}") for i in range(n)], "--output", str(results / "merged"))
+    return m.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
