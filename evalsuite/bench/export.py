@@ -16,6 +16,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from evalsuite.bench.merge import load_result, records_path
 from evalsuite.bench.run import gold_in_response, repetition
 from evalsuite.errors import SpecError
 from evalsuite.report import write_json
@@ -36,22 +37,12 @@ def _record(r: dict, task: str) -> dict:
 
 def export_run(run_dir: str, output: str) -> dict:
     src, out = Path(run_dir), Path(output)
-    f = src / "comparison.json"
-    if not f.is_file():
-        raise SpecError(f"{src} is not a finished run folder (no comparison.json)")
-    try:
-        doc = json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise SpecError(f"{f} is not valid JSON: {e}") from None
+    doc = load_result(src)
     if out.resolve() == src.resolve():
         raise SpecError("--output must be another folder than the run's")
     task, kept = doc["task"], {}
     for name, summary in doc["engines"].items():
-        path = Path(summary["lm_eval_results"]).parent / "records.jsonl"
-        if not path.is_absolute():
-            path = src / path
-        if not path.is_file():
-            raise SpecError(f"missing {path}")
+        path = records_path(src, doc, name)
         records = [_record(json.loads(x), task) for x in path.read_text().splitlines() if x.strip()]
         (out / name).mkdir(parents=True, exist_ok=True)
         (out / name / "records.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))

@@ -24,26 +24,35 @@ SAME = ("task", "variant", "engine", "against", "model", "limit", "dtype", "faul
         "engine_options")
 
 
-def _load(d: Path) -> dict:
+def load_result(d: Path) -> dict:
+    """A finished run folder's (or export's) comparison.json."""
     f = d / "comparison.json"
     if not f.is_file():
         raise SpecError(f"{d} is not a finished run folder (no comparison.json)")
     try:
-        doc = json.loads(f.read_text())
+        return json.loads(f.read_text())
     except json.JSONDecodeError as e:
         raise SpecError(f"{f} is not valid JSON: {e}") from None
+
+
+def _load(d: Path) -> dict:
+    doc = load_result(d)
     if not (doc.get("spec") or {}).get("shard"):
         raise SpecError(f"{d} is not a shard (it was run without --shard)")
     return doc
 
 
-def _records(d: Path, doc: dict, engine: str) -> list[dict]:
+def records_path(d: Path, doc: dict, engine: str) -> Path:
+    """Where a run's per-item records of one engine are (beside its lm-eval results; an export's are relative)."""
     path = Path(doc["engines"][engine]["lm_eval_results"]).parent / "records.jsonl"
-    if not path.is_absolute():  # an exported shard (evalsuite/bench/export.py)
-        path = d / path
+    path = path if path.is_absolute() else d / path
     if not path.is_file():
         raise SpecError(f"missing {path}")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return path
+
+
+def _records(d: Path, doc: dict, engine: str) -> list[dict]:
+    return [json.loads(line) for line in records_path(d, doc, engine).read_text().splitlines() if line.strip()]
 
 
 def merge_runs(dirs: list[str], output: str) -> RunResult:
