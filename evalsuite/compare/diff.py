@@ -22,7 +22,8 @@
    varying rows); a prompt whose tokens or top-k logprobs differ in any bit from its batch-1 run is a
    FAIL naming it, the batch size and its row.
 Verdict: FAIL on any real mismatch, bf16 drift or logit scale, non-determinism or a required invariance broken;
-INCONCLUSIVE when a check a PASS needs could not run (bf16 drift on too few positions; over an API:
+INCONCLUSIVE when a check a PASS needs could not run (bf16 drift on too few positions, bf16 logit scale without
+full logits on 8 prompts; over an API:
 prompt tokenization the server could not confirm, echo it cannot vouch for, no logprobs at all); else
 PASS.
 """
@@ -200,9 +201,10 @@ def run_diff(spec: DiffSpec, progress: Callable[[str], None] = lambda s: None) -
     scale = rule.scale_check([slopes[i][0] for i in sorted(slopes)], [slopes[i][1] for i in sorted(slopes)],
                              spec.dtype) if caps.logits or spec.dtype == "float32" else {
         "checked": False, "why": "bf16 logit-scale check (rule.SCALE): the engine gives no full logits, and the "
-                                 "signed |Δlogprob| of one token is too noisy to stand in (measured on mini-llama)"}
-    if spec.dtype != "float32" and not scale["checked"]:
-        not_checked.append(scale["why"])
+                                 "signed |Δlogprob| of one token is too noisy to stand in (measured on mini-llama); "
+                                 "run the engine in-process (a plugin) or diff it in float32"}
+    if spec.dtype != "float32" and not scale["checked"]:  # a PASS rests on it (what the drift check cannot see)
+        blocking.append(scale["why"])
     bisection = None
     if first_real is not None and caps.taps:
         i, j, rtoks = first_real

@@ -182,6 +182,20 @@ def test_diff_over_the_api(engine, fault, verdict, tmp_path):
     assert (tmp_path / "rep" / "report.md").is_file() and (tmp_path / "rep" / "dlogit.png").is_file()
 
 
+def test_a_served_bf16_engine_cannot_pass_without_the_logit_scale_check():
+    """Regression: a served bf16 megakernel with final_norm_eps (a logit-scale error under the bf16 drift bound,
+    caught in-process only by the logit-scale check, which needs full logits) PASSed `diff` over the API. With
+    that check unrun, bf16 over an API is INCONCLUSIVE and says why."""
+    with served("--engine", "megakernel", "--model", "mini-llama", "--dtype", "bfloat16",
+                "--fault", "final_norm_eps") as url:
+        p = cli("diff", "--engine", "openai", "--base-url", url + "/v1", "--model", "mini-llama",
+                "--dtype", "bfloat16", "--prompts", "quick", "--max-new-tokens", "32", "--json")
+    r = json.loads(p.stdout)
+    assert p.returncode == 3 and r["verdict"] == "INCONCLUSIVE", (r["verdict"], r["not_checked"], p.stderr[-1000:])
+    assert r["real_mismatches"] == 0 and r["bf16_drift"]["checked"] and r["bf16_drift"]["ok"]  # what it passed
+    assert not r["bf16_logit_scale"]["checked"] and any("logit-scale" in n for n in r["not_checked"])
+
+
 def test_faulted_served_engine_fails_golden_and_moves_gpqa_scores(tmp_path):
     """Regression (10.3): echo logprobs came from the server's XLA prefill, so a served drop_layer
     megakernel PASSed golden check and scored GPQA multiple choice exactly as the reference. Echo now
