@@ -145,7 +145,7 @@ def check(model_name: str, engine_name: str = "reference", dtype: str = "float32
         tok_lp = [vals[j, list(ids[j]).index(t)] if t in ids[j] else -np.inf for j, t in enumerate(ent["token_ids"])]
         judges.append(Forced(np.asarray(tok_lp), ids, vals))  # the pinned token's logprob (-inf: not in the top-k)
     recs = [compare_prompt(c, jd, got, None, tol) for c, jd, got in zip(conts, judges, forced)]
-    drift, routing = None, None
+    drift, routing, scale = None, None, None
     if dtype == "bfloat16":  # the reference's own bf16 recipe along the golden tokens, measured by the same rule
         from evalsuite.engines import judge
 
@@ -155,11 +155,16 @@ def check(model_name: str, engine_name: str = "reference", dtype: str = "float32
         # the drift check of `diff`: a precision bug (a bf16 residual) stays under the per-position bounds
         # but moves every position; the engine's mean divergence from the golden file against the recipe's
         drift = rule.drift_check([r["_drift"] for r in recs], [r["_drift"] for r in own_recs], dtype)
+        # the logit-scale check of `diff` (rule.SCALE): a systematic scale error under the drift bound (it let
+        # final_norm_eps PASS mini-llama's golden file in bf16); slopes on the float32 reference's full logits
+        ref = judge(model) if caps.logits or model.config.n_moe_layers else None
+        scale = _scale(ref, prompts, conts, forced, own) if caps.logits else {
+            "checked": False, "why": "bf16 logit-scale check (rule.SCALE): the engine gives no full logits"}
         if model.config.n_moe_layers:
             # positions where the golden run's expert choice is near-tied are not judged (the rule of `diff`,
             # rule.routing_ties); without it a correct bf16 engine, the reference's own bf16 recipe included,
             # failed mini-moe's and mini-gptoss's golden files (3/264 positions each)
-            routing = _routing_ties(model, recipe, prompts, conts, own_recs, recs)
+            routing = _routing_ties(ref, recipe, prompts, conts, own_recs, recs)
     mismatches, benign, dlp = [], 0, []
     for i, rec in zip(want_ids, recs):
         dlp.extend(rec["tf"]["dlogprob"])
@@ -175,11 +180,16 @@ def check(model_name: str, engine_name: str = "reference", dtype: str = "float32
                            f"{caps.forced_path} path); other top-5 logprobs not available"),
                "engine_capabilities": caps.report(),
                **({"routing": {k: v for k, v in routing.items() if k != "tied"}} if routing else {}),
-               **({"bf16_drift": drift} if drift else {})}
+               **({"bf16_drift": drift, "bf16_logit_scale": scale} if drift else {})}
     if drift and drift["checked"] and not drift["ok"]:
         problems.append(f"bf16 drift: the engine's mean divergence from the golden file is {drift['ratio']:.3g}x "
                         f"the reference's own bf16 recipe's over {drift['positions']} positions (bound "
                         f"{drift['bound']}): error everywhere, as a precision bug gives")
+    if scale and scale["checked"] and not scale["ok"]:
+        problems.append(f"bf16 logit scale: the engine's logits are scaled {scale['engine_minus_recipe']:+.3g} "
+                        f"against the reference's own bf16 recipe's (t {scale['t']:.3g}, {scale['prompts']} prompts; "
+                        f"bound {scale['effect_bound']:.3g} at |t| > {scale['t_bound']}): an error that moves every "
+                        "position the same way")
     if mismatches:
         where = ", ".join(f"{i}@{j}" for i, j in mismatches[:5]) + (" ..." if len(mismatches) > 5 else "")
         problems.append(f"{len(mismatches)}/{total} positions ({100 * len(mismatches) / total:.2f}%) mismatch "
@@ -190,17 +200,25 @@ def check(model_name: str, engine_name: str = "reference", dtype: str = "float32
         not_checked.append(routing["note"])  # blocks a PASS: those positions could hide a routing bug
     if drift and not drift["checked"]:
         not_checked.append(f"bf16 drift: {drift['why']}")
+    if scale and not scale["checked"]:  # blocks a PASS, as in `diff`
+        not_checked.append(scale["why"])
     return GoldenResult(model=model_name, ok=not problems, problems=tuple(problems), summary=summary,
                         not_checked=tuple(not_checked))
 
 
-def _routing_ties(model, recipe, prompts, conts, own_recs, recs) -> dict:
+def _scale(ref, prompts, conts, forced, own) -> dict:
+    """rule.scale_check along the golden tracks: the engine's and the recipe's logit slope on the float32
+    reference's full logits, per prompt."""
+    exact = ref.forced_topk(prompts, conts, TOP_K, want_logits=True)
+    return rule.scale_check([rule.logit_slope(x.logits, f.logits) for x, f in zip(exact, forced)],
+                            [rule.logit_slope(x.logits, o.logits) for x, o in zip(exact, own)], "bfloat16")
+
+
+def _routing_ties(ref, recipe, prompts, conts, own_recs, recs) -> dict:
     """rule.routing_ties over the golden tracks: margins from the float32 reference (what wrote the golden
     file) and its bf16 recipe, and the recipe's own positions beyond the bounds (own_recs: the witness), all
     measured on the reference alone, never on the engine being checked."""
     from evalsuite.compare.diff import routing_margins
-    from evalsuite.engines import judge
 
-    ref = judge(model)
     margins = {k: routing_margins(ref, recipe, p, c) for k, (p, c) in enumerate(zip(prompts, conts))}
     return routing_ties(recs, margins, witness={k: r["real_positions"] for k, r in enumerate(own_recs)})

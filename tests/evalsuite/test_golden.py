@@ -92,12 +92,29 @@ def test_bf16_golden_check_has_the_drift_check_of_diff(monkeypatch):
 
     ok = golden.check("mini-llama", "megakernel", dtype="bfloat16")
     assert ok.verdict == "PASS", (ok.problems, ok.not_checked)
+    assert ok.summary["bf16_logit_scale"]["checked"] and ok.summary["bf16_logit_scale"]["ok"]
     d = ok.summary["bf16_drift"]
     assert d["checked"] and d["positions"] == ok.summary["positions"] and d["ratio"] <= rule.DRIFT_RATIO
     monkeypatch.setattr(rule, "MIN_DRIFT_POSITIONS", ok.summary["positions"] + 1)
     few = golden.check("mini-llama", "reference", dtype="bfloat16")  # the reference: faster, same rule
     assert few.verdict == "INCONCLUSIVE" and not few.summary["bf16_drift"]["checked"]
     assert any(n.startswith("bf16 drift") for n in few.not_checked)
+
+
+def test_bf16_golden_check_has_the_logit_scale_check_of_diff(monkeypatch):
+    """Regression: final_norm_eps (epsilon 1e-2 in the final norm: logits scaled down everywhere, under the drift
+    bound) PASSed mini-llama's golden file in bf16. The logit-scale check of `diff` (rule.SCALE) now runs along
+    the golden tracks: FAIL (t -62.5, measured); the faithful engine's PASS is the test above (t -0.56); with
+    too few prompts the check cannot run and the verdict is INCONCLUSIVE, naming it."""
+    from evalsuite.compare import rule
+
+    bad = golden.check("mini-llama", "megakernel", dtype="bfloat16", fault="final_norm_eps")
+    s = bad.summary["bf16_logit_scale"]
+    assert bad.verdict == "FAIL" and s["checked"] and not s["ok"] and bad.summary["mismatching_positions"] == 0
+    assert bad.summary["bf16_drift"]["ok"] and any(p.startswith("bf16 logit scale") for p in bad.problems)
+    monkeypatch.setattr(rule, "MIN_SCALE_PROMPTS", s["prompts"] + 1)
+    few = golden.check("mini-llama", "reference", dtype="bfloat16")
+    assert few.verdict == "INCONCLUSIVE" and any("logit-scale" in n for n in few.not_checked)
 
 
 @pytest.mark.heavy
