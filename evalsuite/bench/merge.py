@@ -77,9 +77,10 @@ def merge_runs(dirs: list[str], output: str) -> RunResult:
             if doc["spec"].get(key) != first["spec"].get(key):
                 raise SpecError(f"{d} is a shard of another run: {key} {doc['spec'].get(key)!r} "
                                 f"!= {first['spec'].get(key)!r} in {shards[0]}")
-        for key, theirs in (("weights_sha256", doc["weights_sha256"]), ("data sha256", doc["dataset"]["sha256"])):
-            mine = first["weights_sha256"] if key == "weights_sha256" else first["dataset"]["sha256"]
-            if theirs != mine:
+        for key, get in (("weights_sha256", lambda x: x["weights_sha256"]),
+                         ("data sha256", lambda x: x["dataset"]["sha256"]),
+                         ("library versions (lm-eval builds the prompts)", lambda x: x["versions"])):
+            if get(doc) != get(first):
                 raise SpecError(f"{d} is a shard of another run: its {key} differs from {shards[0]}'s")
     engines = {}
     for name, summary in first["engines"].items():

@@ -58,9 +58,14 @@ def test_missing_repeated_and_foreign_shards_are_errors(runs, tmp_path):
     (other / "comparison.json").write_text(json.dumps(doc))
     with pytest.raises(SpecError, match="is a shard of another run: limit"):
         merge_runs([str(runs / "s0"), str(other)], out)
+    doc["spec"]["limit"] = 4
+    doc["versions"] = {**doc["versions"], "lm_eval": "0.0.0"}
+    (other / "comparison.json").write_text(json.dumps(doc))
+    with pytest.raises(SpecError, match="its library versions"):
+        merge_runs([str(runs / "s0"), str(other)], out)
+    doc["versions"] = json.loads((runs / "s1" / "comparison.json").read_text())["versions"]
     # a shard from another build of an engine (another checkout, another session) is refused, and so is one that
     # cannot show which build it ran
-    doc["spec"]["limit"] = 4
     for fp, message in (("another-build", "different builds of the megakernel engine"),
                         (None, "does not record its megakernel engine's fingerprint")):
         doc["engines"]["megakernel"]["fingerprint"] = fp
