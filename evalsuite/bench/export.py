@@ -26,10 +26,10 @@ HASHED_RESPONSES = ("gpqa",)  # tasks whose model answers may quote the data: re
 
 def _record(r: dict, task: str) -> dict:
     out = {k: v for k, v in r.items() if k != "target"}
-    if r["generated_tokens"] is not None:
-        out["repetition"] = r.get("repetition", repetition(r["response"] or ""))
+    if r["generated_tokens"] is not None:  # an export of an export keeps the figures it has
+        out["repetition"] = r["repetition"] if "repetition" in r else repetition(r["response"] or "")
         if task == "gsm8k":
-            out["gold_in_response"] = r.get("gold_in_response", gold_in_response(r))
+            out["gold_in_response"] = r["gold_in_response"] if "gold_in_response" in r else gold_in_response(r)
     if task in HASHED_RESPONSES and not str(r["response"]).startswith("sha256:"):
         out["response"] = "sha256:" + hashlib.sha256(str(r["response"]).encode()).hexdigest()
     return out
@@ -43,7 +43,12 @@ def export_run(run_dir: str, output: str) -> dict:
     task, kept = doc["task"], {}
     for name, summary in doc["engines"].items():
         path = records_path(src, doc, name)
-        records = [_record(json.loads(x), task) for x in path.read_text().splitlines() if x.strip()]
+        records = []
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            try:
+                records += [_record(json.loads(line), task)] if line.strip() else []
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise SpecError(f"{path}:{n} is not a record of `evalsuite run` ({type(e).__name__}: {e})") from None
         (out / name).mkdir(parents=True, exist_ok=True)
         (out / name / "records.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
         summary["lm_eval_results"] = f"{name}/lm_eval_results.json"  # relative: the export can move

@@ -101,6 +101,13 @@ def test_exported_shards_hold_no_data_text_and_merge_to_the_unsharded_run(runs, 
         assert [r["response"] for r in records(tmp_path / "s0", engine)] == \
             [r["response"] for r in records(runs / "s0", engine)]
     assert not list((tmp_path / "s0").rglob("journal.jsonl")) and not list((tmp_path / "s0").rglob("*.yaml"))
+    export_run(str(tmp_path / "s0"), str(tmp_path / "again"))  # an export of an export (it tracebacked) is itself
+    for engine in ("reference", "megakernel"):
+        assert records(tmp_path / "again", engine) == records(tmp_path / "s0", engine)
+    with open(tmp_path / "again" / "reference" / "records.jsonl", "a") as f:
+        f.write('{"doc_id": 9}\n')
+    with pytest.raises(SpecError, match="records.jsonl:3 is not a record"):
+        export_run(str(tmp_path / "again"), str(tmp_path / "third"))
 
 
 def test_gpqa_exports_keep_responses_as_sha256_only(tmp_path):
