@@ -16,7 +16,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from evalsuite.bench.merge import load_result, records_path
+from evalsuite.bench.merge import load_result, read_records, records_path
 from evalsuite.bench.run import gold_in_response, repetition
 from evalsuite.errors import SpecError
 from evalsuite.report import write_json
@@ -42,13 +42,13 @@ def export_run(run_dir: str, output: str) -> dict:
         raise SpecError("--output must be another folder than the run's")
     task, kept = doc["task"], {}
     for name, summary in doc["engines"].items():
-        path = records_path(src, doc, name)
         records = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
+        for n, r in enumerate(read_records(src, doc, name), 1):
             try:
-                records += [_record(json.loads(line), task)] if line.strip() else []
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise SpecError(f"{path}:{n} is not a record of `evalsuite run` ({type(e).__name__}: {e})") from None
+                records.append(_record(r, task))
+            except (KeyError, TypeError) as e:
+                raise SpecError(f"{records_path(src, doc, name)}:{n} is not a record of `evalsuite run` "
+                                f"({type(e).__name__}: {e})") from None
         (out / name).mkdir(parents=True, exist_ok=True)
         (out / name / "records.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
         summary["lm_eval_results"] = f"{name}/lm_eval_results.json"  # relative: the export can move

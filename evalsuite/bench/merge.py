@@ -51,8 +51,15 @@ def records_path(d: Path, doc: dict, engine: str) -> Path:
     return path
 
 
-def _records(d: Path, doc: dict, engine: str) -> list[dict]:
-    return [json.loads(line) for line in records_path(d, doc, engine).read_text().splitlines() if line.strip()]
+def read_records(d: Path, doc: dict, engine: str) -> list[dict]:
+    """One engine's per-item records; a line that is not JSON is a one-line error naming file and line."""
+    path, out = records_path(d, doc, engine), []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            out += [json.loads(line)] if line.strip() else []
+        except json.JSONDecodeError as e:
+            raise SpecError(f"{path}:{n} is not a record of `evalsuite run` ({e})") from None
+    return out
 
 
 def merge_runs(dirs: list[str], output: str) -> RunResult:
@@ -84,15 +91,16 @@ def merge_runs(dirs: list[str], output: str) -> RunResult:
                 raise SpecError(f"{d} is a shard of another run: its {key} differs from {shards[0]}'s")
     engines = {}
     for name, summary in first["engines"].items():
-        prints = {docs[shards[i]]["engines"][name].get("fingerprint") for i in range(n)}
+        by_shard = {shards[i]: docs[shards[i]]["engines"][name].get("fingerprint") for i in range(n)}
+        prints = set(by_shard.values())
         if None in prints:
-            old = next(shards[i] for i in range(n) if docs[shards[i]]["engines"][name].get("fingerprint") is None)
+            old = next(d for d, fp in by_shard.items() if fp is None)
             raise SpecError(f"{old} does not record its {name} engine's fingerprint (it predates them): "
                             "shards cannot be shown to come from one engine build; rerun that shard")
         if len(prints) > 1:
             raise SpecError(f"the shards ran different builds of the {name} engine (fingerprints differ): "
                             "rerun them from one checkout")
-        recs = [r for i in range(n) for r in _records(Path(shards[i]), docs[shards[i]], name)]
+        recs = [r for i in range(n) for r in read_records(Path(shards[i]), docs[shards[i]], name)]
         ids = [r["doc_id"] for r in recs]
         if len(set(ids)) != len(ids):
             dup = sorted({x for x in ids if ids.count(x) > 1})[:3]
