@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import subprocess
 import sys
 import time
@@ -27,6 +27,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "evalsuite.cli", *args], cwd=ROOT, text=True, **kw)
+
+
+def _run_measured(*args: str) -> tuple[int, str, float]:
+    """Run the CLI; return its exit code, stdout and this child's own peak RSS in GB (from wait4, as
+    /usr/bin/time -v reports it, so shards run either way record the same figure)."""
+    p = subprocess.Popen([sys.executable, "-m", "evalsuite.cli", *args], cwd=ROOT, text=True,
+                         stdout=subprocess.PIPE)
+    out = p.stdout.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return p.returncode, out, round(usage.ru_maxrss / 2**20, 2)
 
 
 def main(argv=None) -> int:
@@ -55,19 +66,18 @@ def main(argv=None) -> int:
             print(f"shard {i}/{n}: already in {results}", flush=True)
             continue
         t0 = time.time()
-        p = _cli("run", a.task, *extra, "--model", a.model, "--data", a.data, "--shard", f"{i}/{n}",
-                 "--output", str(work / f"s{i}"), "--json", stdout=subprocess.PIPE)
-        if p.returncode not in (0, 1, 3):
-            print(f"shard {i}/{n}: run failed (exit {p.returncode}); rerun to resume it", file=sys.stderr)
-            return p.returncode
+        rc, out, peak_gb = _run_measured("run", a.task, *extra, "--model", a.model, "--data", a.data,
+                                         "--shard", f"{i}/{n}", "--output", str(work / f"s{i}"), "--json")
+        if rc not in (0, 1, 3):
+            print(f"shard {i}/{n}: run failed (exit {rc}); rerun to resume it", file=sys.stderr)
+            return rc
         e = _cli("export", str(work / f"s{i}"), "--output", str(results / f"s{i}"), capture_output=True)
         if e.returncode:
             print(e.stderr.strip(), file=sys.stderr)
             return e.returncode
-        r = json.loads(p.stdout)
+        r = json.loads(out)
         meta = {"shard": f"{i}/{n}", "commit": commit, "wall_s": round(time.time() - t0, 1),
-                # the largest child so far: the runs go one at a time, so this is the largest shard's peak
-                "peak_rss_gb_so_far": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 2),
+                "peak_rss_gb": peak_gb,
                 "verdict_of_this_share": r["verdict"], "items": r["items"],
                 "accuracy": {k: v["accuracy"] for k, v in r["engines"].items()}}
         (results / f"s{i}" / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
