@@ -86,7 +86,10 @@ def merge_runs(dirs: list[str], output: str) -> RunResult:
                                 f"!= {first['spec'].get(key)!r} in {shards[0]}")
         for key, get in (("weights_sha256", lambda x: x["weights_sha256"]),
                          ("data sha256", lambda x: x["dataset"]["sha256"]),
-                         ("library versions (lm-eval builds the prompts)", lambda x: x["versions"])):
+                         ("library versions (lm-eval builds the prompts)", lambda x: x["versions"]),
+                         # an adapter change (how requests are built or scored) must not mix into one run; shards
+                         # from before the field was recorded have None, which matches only each other
+                         ("adapter version", lambda x: x.get("adapter_version"))):
             if get(doc) != get(first):
                 raise SpecError(f"{d} is a shard of another run: its {key} differs from {shards[0]}'s")
     engines = {}
@@ -116,6 +119,8 @@ def merge_runs(dirs: list[str], output: str) -> RunResult:
                "bundled": first["dataset"]["bundled_sample"], "n_items": first["dataset"]["items_in_file"]}
     result = assemble(spec, engines, context, sum(doc["seconds"] for doc in docs.values()))
     result["merged_from"] = [shards[i] for i in range(n)]
+    # what produced the records is the shards' software (checked equal above), not the merging process's
+    result["versions"], result["adapter_version"] = first["versions"], first.get("adapter_version")
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     for name, e in engines.items():

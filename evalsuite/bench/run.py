@@ -194,7 +194,7 @@ def _run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks
     live = lm.live  # the progress bar's running estimate, kept as a cross-check
     return {"records": records, "live_accuracy": live.right / live.seen if live is not None and live.seen else None,
             "lm_eval_results": str(eng_dir / "lm_eval_results.json"), "primary_filter": primary,
-            "fingerprint": lm.engine.fingerprint}
+            "fingerprint": lm.engine.fingerprint, "adapter_version": lm.identity["adapter_version"]}
 
 
 def gold_in_response(r: dict) -> bool:
@@ -288,6 +288,7 @@ def assemble(spec: RunSpec, engines: dict[str, dict], context: dict, seconds: fl
          "endpoint, and (for loglikelihood variants) states its echo logprobs come from its decode path "
          "(evalsuite serve does both), or a generative variant"),
         "spec": asdict(spec), "seed": spec.seed, "random_seed": LM_EVAL_RANDOM_SEED, "versions": versions(),
+        "adapter_version": next(iter(engines.values())).get("adapter_version"),
         "seconds": round(seconds, 1),
     }
     if spec.shard is not None:

@@ -43,6 +43,8 @@ def test_merge_equals_the_unsharded_run(runs):
     assert (merged["verdict"], merged["items"], merged["paired"]) == (full["verdict"], full["items"], full["paired"])
     assert merged["spec"]["shard"] is None and len(merged["merged_from"]) == 2
     assert merged["engines"]["megakernel"]["fingerprint"] == full["engines"]["megakernel"]["fingerprint"]
+    from evalsuite.bench.adapter import ADAPTER_VERSION
+    assert merged["adapter_version"] == full["adapter_version"] == ADAPTER_VERSION
 
 
 def test_missing_repeated_and_foreign_shards_are_errors(runs, tmp_path):
@@ -64,6 +66,13 @@ def test_missing_repeated_and_foreign_shards_are_errors(runs, tmp_path):
     with pytest.raises(SpecError, match="its library versions"):
         merge_runs([str(runs / "s0"), str(other)], out)
     doc["versions"] = json.loads((runs / "s1" / "comparison.json").read_text())["versions"]
+    # another adapter (requests built or scored otherwise), or one shard from before the field was recorded
+    for version in (doc["adapter_version"] + 1, None):
+        doc["adapter_version"] = version
+        (other / "comparison.json").write_text(json.dumps(doc))
+        with pytest.raises(SpecError, match="its adapter version differs"):
+            merge_runs([str(runs / "s0"), str(other)], out)
+    doc["adapter_version"] = json.loads((runs / "s1" / "comparison.json").read_text())["adapter_version"]
     # a shard from another build of an engine (another checkout, another session) is refused, and so is one that
     # cannot show which build it ran
     for fp, message in (("another-build", "different builds of the megakernel engine"),
