@@ -29,15 +29,16 @@ def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "evalsuite.cli", *args], cwd=ROOT, text=True, **kw)
 
 
-def _run_measured(*args: str) -> tuple[int, str, float]:
-    """Run the CLI; return its exit code, stdout and this child's own peak RSS in GB (from wait4, as
-    /usr/bin/time -v reports it, so shards run either way record the same figure)."""
+def _run_measured(*args: str) -> tuple[int, str, float, float]:
+    """Run the CLI; return its exit code, stdout, this child's own peak RSS in GB (from wait4, as
+    /usr/bin/time -v reports it, so shards run either way record the same figure) and its CPU seconds (user +
+    system: against the wall time, it shows a shard that was paused or shared the cores)."""
     p = subprocess.Popen([sys.executable, "-m", "evalsuite.cli", *args], cwd=ROOT, text=True,
                          stdout=subprocess.PIPE)
     out = p.stdout.read()
     _, status, usage = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
-    return p.returncode, out, round(usage.ru_maxrss / 2**20, 2)
+    return p.returncode, out, round(usage.ru_maxrss / 2**20, 2), round(usage.ru_utime + usage.ru_stime, 1)
 
 
 def main(argv=None) -> int:
@@ -66,8 +67,8 @@ def main(argv=None) -> int:
             print(f"shard {i}/{n}: already in {results}", flush=True)
             continue
         t0 = time.time()
-        rc, out, peak_gb = _run_measured("run", a.task, *extra, "--model", a.model, "--data", a.data,
-                                         "--shard", f"{i}/{n}", "--output", str(work / f"s{i}"), "--json")
+        rc, out, peak_gb, cpu_s = _run_measured("run", a.task, *extra, "--model", a.model, "--data", a.data,
+                                                 "--shard", f"{i}/{n}", "--output", str(work / f"s{i}"), "--json")
         if rc not in (0, 1, 3):
             print(f"shard {i}/{n}: run failed (exit {rc}); rerun to resume it", file=sys.stderr)
             return rc
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
             return e.returncode
         r = json.loads(out)
         meta = {"shard": f"{i}/{n}", "commit": commit, "wall_s": round(time.time() - t0, 1),
-                "peak_rss_gb": peak_gb,
+                "peak_rss_gb": peak_gb, "cpu_s_of_run": cpu_s,
                 "verdict_of_this_share": r["verdict"], "items": r["items"],
                 "accuracy": {k: v["accuracy"] for k, v in r["engines"].items()}}
         (results / f"s{i}" / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
