@@ -152,17 +152,34 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> di
             "seconds": round(time.time() - t0, 1), **detail}
 
 
-def table(rows: list[dict]) -> str:
-    head = "| fault | dtype | model | " + " | ".join(RULES) + " | prompts run |"
-    lines = [head, "|" + " --- |" * (len(RULES) + 4)]
+def table(rows: list[dict], build32: dict | None = None) -> str:
+    """build32: (model, fault) -> the float32 table's evalsuite first catch, for a bf16 table: a bf16 `diff` also
+    runs the engine's float32 build on the same prompts (evalsuite/compare/build.py), so it FAILs at the
+    earlier of the two catches (a column derived from the two committed tables, not a third run)."""
+    extra = ["evalsuite + float32 build"] if build32 is not None else []
+    head = "| fault | dtype | model | " + " | ".join([*RULES, *extra]) + " | prompts run |"
+    lines = [head, "|" + " --- |" * (len(RULES) + len(extra) + 4)]
     for r in rows:
         cells = []
         for k in RULES:
             v = r["first_caught"][k]
             cells.append("-" if v is None else (f"FALSE ALARM at {v}" if r["fault"] is None else str(v)))
+        if build32 is not None:
+            both = [v for v in (r["first_caught"]["evalsuite"], build32.get((r["model"], r["fault"]))) if v]
+            cells.append("-" if not both else (f"FALSE ALARM at {min(both)}" if r["fault"] is None
+                                               else str(min(both))))
         lines.append(f"| {r['fault'] or 'faithful (false alarms)'} | {r['dtype']} | {r['model']} | "
                      + " | ".join(cells) + f" | {r['prompts_taken']} |")
     return "\n".join(lines)
+
+
+def float32_catches(bf16: dict, path: str) -> dict:
+    """The float32 table's evalsuite catches by (model, fault); its prompts must be the bf16 table's."""
+    f32 = json.loads(Path(path).read_text())
+    key = ("prompts", "order_seed", "max_new_tokens")
+    if f32.get("dtype") != "float32" or any(f32.get(k) != bf16.get(k) for k in key):
+        raise ValueError(f"{path} is not a float32 table over the same prompts ({', '.join(key)})")
+    return {(r["model"], r["fault"]): r["first_caught"]["evalsuite"] for r in f32["rows"]}
 
 
 def main(argv=None) -> int:
@@ -178,12 +195,21 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true",
                     help="keep the rows already in --out (same settings) and run only the missing faults")
     ap.add_argument("--table-only", action="store_true", help="print the Markdown table of --out and stop")
+    ap.add_argument("--float32-table", default=None,
+                    help="with --table-only on a bfloat16 table: the float32 table of the same prompts, for the "
+                         "'evalsuite + float32 build' column (what a bf16 `diff` reports)")
     a = ap.parse_args(argv)
     if a.table_only:
-        if not Path(a.out).is_file():
-            print(f"error: {a.out} does not exist", file=sys.stderr)
+        if not Path(a.out).is_file() or (a.float32_table and not Path(a.float32_table).is_file()):
+            print(f"error: {a.out if not Path(a.out).is_file() else a.float32_table} does not exist", file=sys.stderr)
             return 2
-        print(table(json.loads(Path(a.out).read_text())["rows"]))
+        doc = json.loads(Path(a.out).read_text())
+        try:
+            build32 = float32_catches(doc, a.float32_table) if a.float32_table else None
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(table(doc["rows"], build32))
         return 0
     names = [f.name for f in CATALOGUE] if a.faults == "all" else a.faults.split(",")
     unknown = [n for n in names if n not in {f.name for f in CATALOGUE}]

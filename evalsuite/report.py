@@ -194,6 +194,13 @@ def diff_text(r: dict) -> str:
         lines.append(f"what kind of difference: {ch['kind']}: {ch['explanation']}")
     if r.get("batch_invariance_required"):
         lines.append(_required_invariance(r["batch_invariance_required"]))
+    b32 = r.get("float32_build") or {}
+    if b32.get("run"):
+        failing = ", ".join(map(str, b32["failing_prompts"][:3]))
+        first = f"; failing prompts: {failing}" if failing else ""
+        lines.append(f"float32 build of the engine: {b32['verdict']}: {b32['real_mismatches']} real mismatches over "
+                     f"{b32['positions']} positions ({b32['prompts_identical']}/{b32['prompts']} prompts identical)"
+                     + first + (" (a code bug the bf16 rounding hides)" if b32["verdict"] == "FAIL" else ""))
     lines += [f"NOT CHECKED (no PASS without it): {n}" for n in r.get("not_checked", [])]
     lines += [f"not checked: {n}" for n in r.get("checks_not_possible", [])]
     b = r.get("bisection")

@@ -68,8 +68,9 @@ def test_faithful_bf16_moe_is_not_failed_for_routing_ties_and_a_router_bug_still
     ok = run_diff(DiffSpec(model="mini-moe", dtype="bfloat16", prompts=prompts, max_new_tokens=24)).to_json()
     assert ok["verdict"] != "FAIL" and ok["real_mismatches"] == 0, ok["per_prompt"]
     assert ok["routing"]["positions_not_judged"] >= 1 and ok["routing"]["note"] in ok["not_checked"]
+    assert ok["float32_build"]["verdict"] == "PASS"  # the faithful float32 build: no false alarm either
     bad = run_diff(DiffSpec(model="mini-moe", dtype="bfloat16", prompts=prompts, max_new_tokens=24,
-                            fault="router_second_choice")).to_json()
+                            fault="router_second_choice", float32_build=False)).to_json()  # the bf16 rules alone
     assert bad["verdict"] == "FAIL" and bad["real_mismatches"] > 0
 
 
