@@ -68,6 +68,7 @@ def diff_report(result: dict, out: Path) -> list[Path]:
         f"{'yes' if r['batch_invariance']['invariant'] else 'NO'}; deterministic: "
         f"{'yes' if r['batch_invariance']['deterministic'] else 'NO'}",
         *([f"- {_required_invariance(r['batch_invariance_required'])}"] if r.get("batch_invariance_required") else []),
+        *([f"- {_build_text(r['float32_build'])}"] if (r.get("float32_build") or {}).get("run") else []),
     ]
     b = r.get("bisection")
     if b:
@@ -194,13 +195,8 @@ def diff_text(r: dict) -> str:
         lines.append(f"what kind of difference: {ch['kind']}: {ch['explanation']}")
     if r.get("batch_invariance_required"):
         lines.append(_required_invariance(r["batch_invariance_required"]))
-    b32 = r.get("float32_build") or {}
-    if b32.get("run"):
-        failing = ", ".join(map(str, b32["failing_prompts"][:3]))
-        first = f"; failing prompts: {failing}" if failing else ""
-        lines.append(f"float32 build of the engine: {b32['verdict']}: {b32['real_mismatches']} real mismatches over "
-                     f"{b32['positions']} positions ({b32['prompts_identical']}/{b32['prompts']} prompts identical)"
-                     + first + (" (a code bug the bf16 rounding hides)" if b32["verdict"] == "FAIL" else ""))
+    if (r.get("float32_build") or {}).get("run"):
+        lines.append(_build_text(r["float32_build"]))
     lines += [f"NOT CHECKED (no PASS without it): {n}" for n in r.get("not_checked", [])]
     lines += [f"not checked: {n}" for n in r.get("checks_not_possible", [])]
     b = r.get("bisection")
@@ -208,6 +204,15 @@ def diff_text(r: dict) -> str:
         lines.append(f"bisection: prompt {b['prompt']} position {b['position']}: first layer out of tolerance "
                      f"{b['layer']}")
     return "\n".join(lines)
+
+
+def _build_text(b: dict) -> str:
+    """The bf16 diff's float32 build of the engine (evalsuite/compare/build.py), in one line."""
+    failing = ", ".join(map(str, b["failing_prompts"][:3]))
+    return (f"float32 build of the engine: {b['verdict']}: {b['real_mismatches']} real mismatches over "
+            f"{b['positions']} positions ({b['prompts_identical']}/{b['prompts']} prompts identical)"
+            + (f"; failing prompts: {failing}" if failing else "")
+            + (" (a code bug the bf16 rounding hides)" if b["verdict"] == "FAIL" else ""))
 
 
 def _required_invariance(s: dict) -> str:

@@ -64,6 +64,7 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
     diff_report(d, out / "diff")
     parts["diff"] = {k: d[k] for k in ("verdict", "real_mismatches", "benign_divergences", "prompts",
                                        "prompts_identical", "noise_tolerance", "batch_invariance_required")}
+    parts["diff"]["float32_build"] = d.get("float32_build")  # bf16: the engine built in float32 (compare/build.py)
     parts["diff"]["warnings"] = [f"not checked: {n}" for n in d["checks_not_possible"]]
     for task in tasks:
         r = run_benchmark(RunSpec(task=task, engine=engine, model=model, dtype=dtype, fault=fault, limit=limit,
