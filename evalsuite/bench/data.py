@@ -157,7 +157,7 @@ def check_rows(task: str, path: Path, rows: list[dict], unique: bool = True) -> 
         for i, r in enumerate(rows):
             key = str(r[ID_COLUMN[task]])
             if key in seen:
-                what = f"{ID_COLUMN[task]} {key!r}" if ID_COLUMN[task] == "Record ID" else f"the {ID_COLUMN[task]}"
+                what = f"{ID_COLUMN[task]} {key!r}" if ID_COLUMN[task] == "Record ID" else f"{ID_COLUMN[task]} text"
                 raise SpecError(f"{path}: duplicate item: rows {seen[key]} and {i} have the same {what}")
             seen[key] = i
 
