@@ -160,17 +160,18 @@ def table(rows: list[dict], build32: dict | None = None) -> str:
     head = "| fault | dtype | model | " + " | ".join([*RULES, *extra]) + " | prompts run |"
     lines = [head, "|" + " --- |" * (len(RULES) + len(extra) + 4)]
     for r in rows:
-        cells = []
-        for k in RULES:
-            v = r["first_caught"][k]
-            cells.append("-" if v is None else (f"FALSE ALARM at {v}" if r["fault"] is None else str(v)))
+        cells = [_cell(r["first_caught"][k], r["fault"]) for k in RULES]
         if build32 is not None:
             both = [v for v in (r["first_caught"]["evalsuite"], build32.get((r["model"], r["fault"]))) if v]
-            cells.append("-" if not both else (f"FALSE ALARM at {min(both)}" if r["fault"] is None
-                                               else str(min(both))))
+            cells.append(_cell(min(both) if both else None, r["fault"]))
         lines.append(f"| {r['fault'] or 'faithful (false alarms)'} | {r['dtype']} | {r['model']} | "
                      + " | ".join(cells) + f" | {r['prompts_taken']} |")
     return "\n".join(lines)
+
+
+def _cell(v: int | None, fault: str | None) -> str:
+    """A rule's first catch, or on the faithful engine (fault None) a false alarm."""
+    return "-" if v is None else (f"FALSE ALARM at {v}" if fault is None else str(v))
 
 
 def float32_catches(bf16: dict, path: str) -> dict:

@@ -42,6 +42,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _no_build(dtype: str) -> list[str]:
+    """bf16 without the float32 build: the float32 run of these prompts is its own benchmark (--dtype float32),
+    so a default bf16 diff's false-alarm rate is at most the sum of the two."""
+    return ["--no-float32-build"] if dtype != "float32" else []
+
+
 def _run_diff(args: list[str], report: Path) -> dict:
     """One `evalsuite diff` in its own process, judged from its JSON."""
     t0 = time.time()
@@ -132,8 +138,7 @@ def _rejudge(a, done: dict, lines: list[str], reports: Path, out: Path, settings
         print(f"[{time.strftime('%H:%M:%S')}] re-judging {len(ch['flagged'])} flagged prompt(s) of {key}",
               file=sys.stderr, flush=True)
         r = _run_diff(["--model", a.model, "--dtype", a.dtype, "--prompts", str(part), "--max-new-tokens",
-                       str(a.max_new_tokens)] + (["--no-float32-build"] if a.dtype != "float32" else []),
-                      reports / f"rejudge-{a.dtype}-{ch['first']}")
+                       str(a.max_new_tokens), *_no_build(a.dtype)], reports / f"rejudge-{a.dtype}-{ch['first']}")
         ch["rejudged"] = {"commit": _commit(), "how": "the chunk's flagged prompts alone (not in their batch)", **r}
         print(f"  {r['verdict']}, {len(r['flagged'])} still flagged", file=sys.stderr, flush=True)
         _write(out, settings, done)
@@ -194,11 +199,8 @@ def main(argv=None) -> int:
                     continue
                 part = reports / f"prompts-{a.n}-seed{a.seed}-{c}.jsonl"
                 part.write_text("\n".join(lines[c:c + a.chunk]) + "\n")
-                # bf16 without the float32 build: the float32 run of these prompts is its own benchmark
-                # (--dtype float32), so a bf16 diff's rate is at most the sum of the two
                 args = ["--model", a.model, "--dtype", a.dtype, "--prompts", str(part),
-                        "--max-new-tokens", str(a.max_new_tokens)] + (["--no-float32-build"] if a.dtype != "float32"
-                                                                      else [])
+                        "--max-new-tokens", str(a.max_new_tokens), *_no_build(a.dtype)]
                 if mode == "served":
                     args += ["--engine", "openai", "--base-url", server.start()]
                 print(f"[{time.strftime('%H:%M:%S')}] {mode} {a.dtype}: prompts {c + 1}-{c + a.chunk}", file=sys.stderr,
