@@ -42,6 +42,8 @@ def with_float32_build(spec, result: DiffResult, diff_one: Callable) -> DiffResu
         r32 = diff_one(replace(spec, dtype="float32", noise_tol=None, require=(), float32_build=False))
     except (SpecError, ModelError) as e:  # the same spec ran in bf16: what fails here is the float32 build
         return _said(result, f"it could not be built: {e}")
+    except Exception as e:  # a plugin's float32 path raised: the finished bf16 run is not lost to it
+        return _said(result, f"it raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))
     failing = [p["id"] for p in r32.details["per_prompt"] if p["real_positions"]]
     summary = {"run": True, "verdict": r32.verdict, "real_mismatches": r32.real_mismatches,
                "prompts": r32.prompts, "positions": r32.positions, "prompts_identical": r32.prompts_identical,

@@ -47,7 +47,11 @@ def test_the_float32_builds_verdict_is_folded_in_without_removing_any_check():
     def unbuildable(s):
         raise ModelError("the numpy engine runs dense models in float32 only")
 
+    def crashes(s):  # a plugin that breaks the protocol (ModelError) in its float32 path
+        raise IndexError("list index out of range\n  more lines")
+
     for s, one_, said in ((spec, unbuildable, "could not be built: the numpy engine"),
+                          (spec, crashes, "it raised IndexError: list index out of range"),
                           (DiffSpec(dtype="bfloat16", float32_build=False), None, "--no-float32-build"),
                           (DiffSpec(dtype="bfloat16", engine="openai"), None, "served engine"),
                           (DiffSpec(dtype="bfloat16", engine="reference"), None, "the judge itself")):
