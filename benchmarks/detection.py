@@ -11,11 +11,11 @@ has caught the fault or the prompts run out; "first caught" is the 1-based count
 when a rule first fires (within a chunk, the prompt's own index).
 
 Rules (evalsuite/compare/rule.py and evalsuite/compare/peers.py):
-- evalsuite: `diff`'s verdict on the prompts so far (any real position by the one comparator, float32
-  flags judged again by the conditioning witness; in bfloat16 also the drift check against the reference's
+- evalsuite: `diff`'s verdict on the prompts so far (any real position by the one comparator, flags
+  judged again by the conditioning witness; in bfloat16 also the drift check against the reference's
   own bf16 recipe, from 256 positions, and the logit-scale check, from 8 prompts); its batch-invariance and
   determinism checks are not part of this count. (The committed tables predate the witness and the
-  logit-scale check, 2026-12-02; see the README.)
+  logit-scale check, 2026-12-02, and the bf16 witness; see the README.)
 - vllm, maxtext, sglang: as documented in peers.py. evalsuite judges a bf16 engine against the
   float32 reference (its design); the peers, as their own tests do, against a reference in the same
   dtype (here the reference's bf16 recipe).
@@ -42,7 +42,8 @@ from engines.megakernel import MegakernelEngine  # noqa: E402
 from engines.megakernel.faults import CATALOGUE  # noqa: E402
 from engines.reference import ReferenceEngine  # noqa: E402
 from evalsuite.compare import peers, rule  # noqa: E402
-from evalsuite.compare.diff import routing_margins, with_witness  # noqa: E402
+from evalsuite.compare.diff import routing_margins  # noqa: E402
+from evalsuite.compare.witness import with_witness  # noqa: E402
 from evalsuite.prompts import Prompt  # noqa: E402
 from evalsuite.registry import load_model  # noqa: E402
 from evalsuite.versions import versions  # noqa: E402
@@ -113,8 +114,9 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> di
             n = c + i + 1
             rg, sg = judge.ref[c + i], judge.same[c + i]
             rec = rule.compare_prompt(rg.token_ids, rg.track(), fo, eg, tol)
-            if dtype == "float32" and rec["real_positions"]:  # as diff: the conditioning witness
-                rec = with_witness(judge.engine, prompts[c + i][1], rg, fo, eg, tol, (), rec, witnessed)
+            if rec["real_positions"]:  # as diff: the conditioning witness (float64 in float32, the recipe in bf16)
+                rec = with_witness(judge.engine, prompts[c + i][1], rg, fo, eg, tol, (), rec, witnessed, None,
+                                   judge.recipe[c + i] if dtype != "float32" else None)
             if judge.margins:  # as diff: real positions at the reference's routing near-ties are not judged
                 rt = rule.routing_ties([rec], {0: judge.margins[c + i]}, judge.moved, {0: judge.witness[c + i]})
                 detail["routing_not_judged"] = detail.get("routing_not_judged", 0) + rt["positions_not_judged"]

@@ -59,7 +59,11 @@ def _run_diff(args: list[str], report: Path) -> dict:
     r = json.loads(p.stdout)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     flagged = {q["id"]: q["real_positions"] for q in r["per_prompt"] if q["real_positions"]}
+    # flagged by the rule's bounds, then cleared by the conditioning witness (the judge's own error there)
+    cleared = {q["id"]: q["conditioning"]["cleared"] for q in r["per_prompt"]
+               if (q.get("conditioning") or {}).get("cleared")}
     return {"verdict": r["verdict"], "prompts": r["prompts"], "skipped": len(r["skipped"]), "flagged": flagged,
+            "cleared_by_witness": cleared,
             "benign_divergences": r["benign_divergences"], "not_checked": r["not_checked"],
             "conditioning_witness": r.get("conditioning_witness"),
             "wall_s": round(wall, 1), "peak_rss_children_gb": round(usage.ru_maxrss / 2**20, 2)}
@@ -85,6 +89,7 @@ def summary(chunks: list[dict]) -> dict:
             "rule_of_three_upper": rule_of_three(n), "cp_upper_97_5": cp_upper(len(flagged), n),
             "verdicts": sorted({(c.get("rejudged") or c)["verdict"] for c in chunks}),
             "rejudged_chunks": sum("rejudged" in c for c in chunks),
+            "prompts_cleared_by_witness": sum(len(c.get("cleared_by_witness") or {}) for c in chunks),
             "benign_divergences": sum(c["benign_divergences"] for c in chunks),
             "wall_s": round(sum(c["wall_s"] for c in chunks), 1),
             "commits": sorted({str(c.get("commit")) for c in chunks} | {str(c["rejudged"]["commit"]) for c in chunks

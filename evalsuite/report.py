@@ -283,6 +283,6 @@ def _scale_text(s: dict) -> str:
 
 
 def _witness_text(w: dict) -> str:
-    return (f"{w['positions_cleared']} of {w['positions_flagged']} flagged float32 positions cleared by the "
-            f"reference's own distance from float64 (largest {w['max_judge_dlogit_vs_float64'] or 0:.2e}); "
+    return (f"{w['positions_cleared']} of {w['positions_flagged']} flagged positions cleared by the judge's own "
+            f"error there ({w['measured']}: largest |Δlogit| {w['max_judge_own_dlogit'] or 0:.2e}); "
             f"{w['not_run']} prompt(s) not witnessed")

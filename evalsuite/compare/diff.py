@@ -10,10 +10,11 @@
    free-running tokens are judged by the same rule at their first divergence (a broken generate
    path with a correct teacher-forced path is caught). In bf16 the run's mean divergence is also
    bounded against the reference's own bf16 recipe measured in the same run, and (with full logits) its
-   systematic logit scale, signed, against the recipe's (rule.SCALE). In float32 a prompt with
-   flagged positions is judged again with the reference's own distance from float64 at each position
-   (the conditioning witness, rule.CONDITIONING): an ill-conditioned position is bounded by what the
-   judge's own rounding allows there; where the witness cannot run, the flags stand and are named.
+   systematic logit scale, signed, against the recipe's (rule.SCALE). A prompt with flagged positions is
+   judged again with the judge's own error at each position (the conditioning witness, rule.CONDITIONING,
+   evalsuite/compare/witness.py: in float32 the reference's distance from its float64 math, in bf16 its own
+   bf16 recipe's distance from it): an ill-conditioned position is bounded by what the judge's own rounding
+   allows there; where the witness cannot run, the flags stand and are named.
 4. At the first real mismatch, per-layer taps name the first layer whose hidden state leaves
    tolerance (bisection), where both engines provide taps.
 5. Batch invariance (batch 1 vs batch B) and run-to-run determinism are measured and reported.
@@ -39,9 +40,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from engines.errors import ModelError
 from engines.loop import batches
-from evalsuite.compare import build, invariance, metrics, rule
+from evalsuite.compare import build, invariance, metrics, rule, witness
 from evalsuite.engines import judge, make_engine
 from evalsuite.errors import SpecError
 from evalsuite.prompts import load_prompts
@@ -144,9 +144,9 @@ def _diff_one(spec: DiffSpec, progress: Callable[[str], None]) -> DiffResult:
     # bf16 on an MoE model: the reference's routing margins (float32 and its bf16 recipe) at every position
     routed = recipe is not None and c.n_moe_layers > 0
     margins: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    witness: dict[int, list[int]] = {}
+    recipe_real: dict[int, list[int]] = {}  # MoE bf16: where the recipe itself is beyond the bounds
     slopes: dict[int, tuple[float, float]] = {}  # bf16: (engine, recipe) logit slope on the f32 reference
-    witnessed: list[dict] = []  # float32: the conditioning witness at flagged prompts (rule.CONDITIONING)
+    witnessed: list[dict] = []  # the conditioning witness at flagged prompts (rule.CONDITIONING)
     groups = [[order[k] for k in g] for g in batches([len(encoded[i][1]) for i in order], spec.batch)]
     for bi, idx in enumerate(groups):
         progress(f"diff: batch {bi + 1}/{len(groups)} ({len(idx)} prompts, {N} tokens)")
@@ -158,8 +158,8 @@ def _diff_one(spec: DiffSpec, progress: Callable[[str], None]) -> DiffResult:
         forced = eng.forced_topk(prompts, rtoks, 5, want_logits=caps.logits) if caps.forced else [None] * len(idx)
         # the bf16 recipe along the reference's tokens: the drift baseline, and on an MoE model (top-5, logits)
         # the witness of where the reference's own bf16 rounding is beyond the bounds (rule.routing_ties)
-        rec = recipe.forced_topk(prompts, rtoks, 5 if routed else 1, want_logits=caps.logits or routed) \
-            if recipe else [None] * len(idx)
+        # (full logits always: the conditioning witness of a flagged bf16 position is the recipe's own error there)
+        rec = recipe.forced_topk(prompts, rtoks, 5 if routed else 1, want_logits=True) if recipe else [None] * len(idx)
         for i, rg, eg, fo, rl, how in zip(idx, rgen, egen, forced, rec, text_only):
             if how == "unresolved":  # the server's text differs and its ids cannot be recovered: not judged
                 blocking.append(f"prompt {encoded[i][0].id}: the server returned no token ids and its text is not "
@@ -167,8 +167,8 @@ def _diff_one(spec: DiffSpec, progress: Callable[[str], None]) -> DiffResult:
                 eg = rg  # placeholder so the record's shape holds; counted as not checked above
             track = rg.track()
             rec = rule.compare_prompt(rg.token_ids, track, fo, eg, tol, eos_ids=eos_ids)
-            if spec.dtype == "float32" and rec["real_positions"] and how != "unresolved":
-                rec = with_witness(ref, encoded[i][1], rg, fo, eg, tol, eos_ids, rec, witnessed, track)
+            if rec["real_positions"] and how != "unresolved":  # the conditioning witness (rule.CONDITIONING)
+                rec = witness.with_witness(ref, encoded[i][1], rg, fo, eg, tol, eos_ids, rec, witnessed, track, rl)
             if tol16 is not None and how != "unresolved":  # the same positions under bf16's bounds
                 r16 = rule.compare_prompt(rg.token_ids, track, fo, eg, tol16, eos_ids=eos_ids)
                 under16.append(len(r16["real_positions"]))
@@ -185,7 +185,7 @@ def _diff_one(spec: DiffSpec, progress: Callable[[str], None]) -> DiffResult:
                               else np.abs(rl.token_logprobs - track.token_logprobs))
             if routed:
                 margins[i] = routing_margins(ref, recipe, encoded[i][1], rg.token_ids)
-                witness[i] = rule.compare_prompt(rg.token_ids, track, rl, None, tol)["real_positions"]
+                recipe_real[i] = rule.compare_prompt(rg.token_ids, track, rl, None, tol)["real_positions"]
             tracks[i] = rg.token_ids
             matched.extend(float(x) for x in rec.pop("_matched"))
             rec.pop("_drift")
@@ -195,8 +195,8 @@ def _diff_one(spec: DiffSpec, progress: Callable[[str], None]) -> DiffResult:
                 fdv["reference_text"] = model.tokenizer.decode([fdv["reference_token"]])
                 fdv["engine_text"] = model.tokenizer.decode([fdv["engine_token"]])
             per_prompt[i] = {"id": p.id, "kind": p.kind, "prompt_tokens": len(rg.prompt_ids), **rec}
-    routing = rule.routing_ties(per_prompt, margins, witness=witness) if routed else None
-    conditioning = _witness_summary(witnessed, spec.dtype)
+    routing = rule.routing_ties(per_prompt, margins, witness=recipe_real) if routed else None
+    conditioning = witness.summary(witnessed, spec.dtype)
     blocking.extend(w["note"] for w in witnessed if not w["run"])
     if routing and routing["positions_not_judged"]:
         blocking.append(routing["note"])
@@ -290,45 +290,6 @@ def _diff_one(spec: DiffSpec, progress: Callable[[str], None]) -> DiffResult:
                                       "noise_tolerance")}
     return DiffResult(**typed, not_checked=tuple(out.pop("not_checked")),
                       checks_not_possible=tuple(out.pop("checks_not_possible")), details=out)
-
-
-def with_witness(ref, prompt, rg, fo, eg, tol, eos_ids, rec: dict, witnessed: list, track=None) -> dict:
-    """A float32 prompt with flagged positions, judged again with the judge's own distance from float64 there
-    (rule.CONDITIONING). Where the witness cannot run, the flags stand and the prompt is named as unwitnessed."""
-    flagged = rec["real_positions"]
-    try:
-        exact = ref.float64_logits(prompt, rg.token_ids)
-    except ModelError as e:
-        witnessed.append({"run": False, "why": str(e), "note": f"conditioning witness: not run ({e}); the flagged "
-                          "positions may be ill-conditioned rather than wrong"})
-        rec["conditioning"] = {"run": False, "why": str(e)}
-        return rec
-    own = np.abs(np.asarray(rg.logits, np.float64) - exact).max(-1)
-    own_kl = metrics.kl(exact, rg.logits)
-    again = rule.compare_prompt(rg.token_ids, track or rg.track(), fo, eg, tol, eos_ids=eos_ids,
-                                conditioning=(own, own_kl))
-    bounds = rule.position_bounds(tol, len(own), (own, own_kl))
-    again["conditioning"] = {"run": True, "cleared": sorted(set(flagged) - set(again["real_positions"])), "at": {
-        int(j): {"judge_dlogit_vs_float64": float(own[j]), "judge_kl_vs_float64": float(own_kl[j]),
-                 "dlogit_bound": float(bounds["dlogit"][j]), "kl_bound": float(bounds["kl"][j]),
-                 "still_flagged": j in again["real_positions"]} for j in flagged}}
-    witnessed.append({"run": True, "flagged": len(flagged), "cleared": len(again["conditioning"]["cleared"]),
-                      "max_judge_dlogit_vs_float64": float(own[flagged].max())})
-    return again
-
-
-def _witness_summary(witnessed: list[dict], dtype: str) -> dict:
-    if dtype != "float32":
-        return {"run": False, "why": "bfloat16: its bounds rest on the recipe's rounding, far above float32's"}
-    if not witnessed:
-        return {"run": False, "why": "no float32 position was flagged"}
-    ran = [w for w in witnessed if w["run"]]
-    return {"prompts": len(witnessed), "run": len(ran), "not_run": len(witnessed) - len(ran),
-            "positions_flagged": sum(w["flagged"] for w in ran),
-            "positions_cleared": sum(w["cleared"] for w in ran),
-            "max_judge_dlogit_vs_float64": max((w["max_judge_dlogit_vs_float64"] for w in ran), default=None),
-            "rule": "a flagged float32 position is bounded by max(DLOGIT_TOL, 2e) and max(KL_TOL, 4k), e and k "
-                    "the judge's own |Δlogit| and KL from its float64 math there (evalsuite/compare/rule.py)"}
 
 
 def routing_margins(ref, recipe, prompt, track) -> tuple[np.ndarray, np.ndarray]:
