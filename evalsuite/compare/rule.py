@@ -59,8 +59,8 @@ CONDITIONING: the floors above are typical positions. At an ill-conditioned one 
   bfloat16 likewise, the witness being the reference's own bf16 recipe against the float32 reference at that
   position (what the bf16 bounds are 1.5x the worst of, over 5,120 calibration positions): 1.5e and 2.25k.
   The 1,000-prompt false-alarm run found positions beyond that worst (2026-12-02, 93093bd): at
-  gen-0020-raw-repetition's position 16 the recipe itself is 5.95 from float32 (KL 0.60), the faithful
-  megakernel 5.77 (KL 0.57), the two 0.28 apart: both round the same bf16 weights (engine values for information).
+  gen-0020-raw-repetition's position 16 the recipe itself is 5.67 from float32 (KL 0.54), the faithful
+  megakernel 5.90 (KL 0.57): both round the same bf16 weights (the engine's values for information only).
 DRIFT_RATIO (bf16 only): a recipe bug (e.g. a bf16 residual) adds error everywhere but stays
   under per-position bounds, so the run's mean KL (or mean |Δlogprob| over an API) against the f32
   reference must be at most 1.3x the same mean of the reference's own bf16 recipe on the same
