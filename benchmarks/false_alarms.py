@@ -86,7 +86,9 @@ def summary(chunks: list[dict]) -> dict:
     n = sum(c["prompts"] for c in chunks)
     flagged = {k: v for c in chunks for k, v in (c.get("rejudged") or c)["flagged"].items()}
     return {"prompts": n, "chunks": len(chunks), "flagged": len(flagged), "flagged_prompts": flagged,
-            "rule_of_three_upper": rule_of_three(n), "cp_upper_97_5": cp_upper(len(flagged), n),
+            # the rule of three bounds a rate only when nothing was flagged; else the exact bound alone
+            "rule_of_three_upper": rule_of_three(n) if not flagged else None,
+            "cp_upper_97_5": cp_upper(len(flagged), n),
             "verdicts": sorted({(c.get("rejudged") or c)["verdict"] for c in chunks}),
             "rejudged_chunks": sum("rejudged" in c for c in chunks),
             "prompts_cleared_by_witness": sum(len(c.get("cleared_by_witness") or {}) for c in chunks),
@@ -219,9 +221,9 @@ def main(argv=None) -> int:
         server.stop()
     for m in modes:
         s = summary([v for v in done.values() if v["mode"] == m])
-        print(f"{m:10s} {a.dtype}: {s['flagged']} of {s['prompts']} prompts flagged (upper bound on the rate: rule of "
-              f"three {s['rule_of_three_upper']:.4f}, exact 97.5% {s['cp_upper_97_5']:.4f}), {s['wall_s']} s, "
-              f"peak RSS {s['peak_rss_gb']} GB")
+        three = f"rule of three {s['rule_of_three_upper']:.4f}, " if s["rule_of_three_upper"] is not None else ""
+        print(f"{m:10s} {a.dtype}: {s['flagged']} of {s['prompts']} prompts flagged (upper bound on the rate: {three}"
+              f"exact 97.5% {s['cp_upper_97_5']:.4f}), {s['wall_s']} s, peak RSS {s['peak_rss_gb']} GB")
     print(f"{out} ({time.time() - t0:.0f} s this run)")
     return 0
 

@@ -67,7 +67,11 @@ def test_faithful_bf16_moe_is_not_failed_for_routing_ties_and_a_router_bug_still
     prompts = _two_prompts(tmp_path)
     ok = run_diff(DiffSpec(model="mini-moe", dtype="bfloat16", prompts=prompts, max_new_tokens=24)).to_json()
     assert ok["verdict"] != "FAIL" and ok["real_mismatches"] == 0, ok["per_prompt"]
-    assert ok["routing"]["positions_not_judged"] >= 1 and ok["routing"]["note"] in ok["not_checked"]
+    # the expert flips are met: each either cleared by the conditioning witness (the engine within 1.5x the
+    # recipe's own error there, the recipe having flipped too) or, beyond that, not judged and said
+    w, rt = ok["conditioning_witness"], ok["routing"]
+    assert w.get("positions_cleared", 0) + rt["positions_not_judged"] >= 1, (w, rt)
+    assert rt["positions_not_judged"] == 0 or rt["note"] in ok["not_checked"]
     assert ok["float32_build"]["verdict"] == "PASS"  # the faithful float32 build: no false alarm either
     bad = run_diff(DiffSpec(model="mini-moe", dtype="bfloat16", prompts=prompts, max_new_tokens=24,
                             fault="router_second_choice", float32_build=False)).to_json()  # the bf16 rules alone
