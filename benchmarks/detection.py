@@ -41,9 +41,10 @@ from make_prompts import make  # noqa: E402
 from engines.megakernel import MegakernelEngine  # noqa: E402
 from engines.megakernel.faults import CATALOGUE  # noqa: E402
 from engines.reference import ReferenceEngine  # noqa: E402
+from engines.weights import permuted  # noqa: E402
 from evalsuite.compare import peers, rule  # noqa: E402
 from evalsuite.compare.diff import routing_margins  # noqa: E402
-from evalsuite.compare.witness import with_witness  # noqa: E402
+from evalsuite.compare.witness import OrderSpread, with_witness  # noqa: E402
 from evalsuite.prompts import Prompt  # noqa: E402
 from evalsuite.registry import load_model  # noqa: E402
 from evalsuite.versions import versions  # noqa: E402
@@ -98,6 +99,9 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> di
     eng = MegakernelEngine(model.weights, dtype, fault=fault)
     first: dict[str, int | None] = {r: None for r in RULES}
     drift_e, drift_r, slopes, witnessed = [], [], [], []
+    # as diff: the bf16 recipe in other reduction orders where flags survive the one recipe
+    orders = (OrderSpread(lambda seed: ReferenceEngine(permuted(model.weights, seed), dtype))
+              if dtype != "float32" else None)
     detail = {"max_kl": 0.0, "max_sglang_dlogprob": 0.0, "real_positions": 0, "flagged": {}}
     t0, taken = time.time(), 0
     for c in range(0, len(prompts), CHUNK):
@@ -116,7 +120,7 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> di
             rec = rule.compare_prompt(rg.token_ids, rg.track(), fo, eg, tol)
             if rec["real_positions"]:  # as diff: the conditioning witness (float64 in float32, the recipe in bf16)
                 rec = with_witness(judge.engine, prompts[c + i][1], rg, fo, eg, tol, (), rec, witnessed, None,
-                                   judge.recipe[c + i] if dtype != "float32" else None)
+                                   judge.recipe[c + i] if dtype != "float32" else None, orders)
             if judge.margins:  # as diff: real positions at the reference's routing near-ties are not judged
                 rt = rule.routing_ties([rec], {0: judge.margins[c + i]}, judge.moved, {0: judge.witness[c + i]})
                 detail["routing_not_judged"] = detail.get("routing_not_judged", 0) + rt["positions_not_judged"]

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engines.config import MINI_LLAMA, MINI_MOE, Config
+from engines.errors import ModelError
 from engines.lazy import LazyArrays
 
 
@@ -170,3 +171,38 @@ def half_to_interleaved(w: np.ndarray, n_heads: int, head_dim: int) -> np.ndarra
     """Inverse of interleaved_to_half (what llama.cpp's converter does to HF checkpoints)."""
     d = w.shape[0]
     return w.reshape(d, n_heads, 2, head_dim // 2).swapaxes(2, 3).reshape(d, n_heads * head_dim)
+
+
+# The axes of each array that run over the hidden size ("D") or an MLP's inner size ("F" dense, "Fm" one routed
+# expert's, "Fs" the shared experts'), for permuted(). Arrays not named have neither (q_norm, k_norm, bq, bk, bv,
+# sinks, router_bias: their axes are heads, head_dim or experts).
+_REORDERED_AXES = {
+    "embed": {1: "D"}, "lm_head": {1: "D"}, "final_norm": {0: "D"}, "attn_norm": {1: "D"}, "mlp_norm": {1: "D"},
+    "post_attn_norm": {1: "D"}, "post_mlp_norm": {1: "D"}, "bo": {1: "D"},
+    "wq": {1: "D"}, "wk": {1: "D"}, "wv": {1: "D"}, "wo": {2: "D"},
+    "gate": {1: "D", 2: "F"}, "up": {1: "D", 2: "F"}, "down": {1: "F", 2: "D"}, "router": {1: "D"},
+    "e_gate": {2: "D", 3: "Fm"}, "e_up": {2: "D", 3: "Fm"}, "e_down": {2: "Fm", 3: "D"},
+    "e_gate_b": {2: "Fm"}, "e_up_b": {2: "Fm"}, "e_down_b": {2: "D"},
+    "s_gate": {1: "D", 2: "Fs"}, "s_up": {1: "D", 2: "Fs"}, "s_down": {1: "Fs", 2: "D"},
+}
+_UNORDERED = ("q_norm", "k_norm", "bq", "bk", "bv", "sinks", "router_bias")
+
+
+def permuted(w: Weights, seed: int) -> Weights:
+    """The same model with its hidden and MLP dimensions reordered by a seeded permutation: equal to w in exact
+    arithmetic (every op over those dimensions is a sum or elementwise), but every matmul and norm over them sums
+    in another order, as another correct kernel's tiling would. The bf16 conditioning witness runs the reference's
+    recipe on it (evalsuite/compare/witness.py). Provenance stays w's, with the seed in `source`."""
+    c = w.config
+    sizes = {"D": c.hidden, "F": c.ffn, "Fm": c.moe_ffn, "Fs": c.n_shared_experts * c.moe_ffn}
+    rng = np.random.default_rng(seed)
+    perm = {k: rng.permutation(n) for k, n in sizes.items()}  # drawn in this fixed order
+    arrays = {}
+    for name in expected_shapes(c):
+        if name not in _REORDERED_AXES and name not in _UNORDERED:
+            raise ModelError(f"permuted(): no reordering is defined for {c.name}'s array {name!r}")
+        a = np.asarray(w.arrays[name], np.float32)
+        for axis, dim in _REORDERED_AXES.get(name, {}).items():
+            a = np.take(a, perm[dim], axis=axis)
+        arrays[name] = a
+    return Weights(c, arrays, sha256=w.sha256, source=f"{w.source} (dimensions permuted, seed {seed})")

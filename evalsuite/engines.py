@@ -91,12 +91,16 @@ def make_engine(name: str, model: Model, dtype: str = "float32", fault: str | No
     return eng
 
 
-def judge(model: Model, dtype: str = "float32"):
+def judge(model: Model, dtype: str = "float32", order_seed: int | None = None):
     """The reference as a judge (diff's, the golden files', their bf16 recipes), on the global mesh
-    (`evalsuite --mesh`): the one place a judge is built, so none is left unsharded."""
+    (`evalsuite --mesh`): the one place a judge is built, so none is left unsharded. order_seed: the same model
+    with its hidden and MLP dimensions permuted (engines.weights.permuted; read whole on the host), so that every
+    sum over them runs in another order: the bf16 witness's other reduction orders (compare/witness.py)."""
     from engines.reference import ReferenceEngine
+    from engines.weights import permuted
 
-    return ReferenceEngine(model.weights, dtype, mesh=default_mesh())
+    weights = model.weights if order_seed is None else permuted(model.weights, order_seed)
+    return ReferenceEngine(weights, dtype, mesh=default_mesh())
 
 
 def describe() -> list[dict]:

@@ -285,4 +285,6 @@ def _scale_text(s: dict) -> str:
 def _witness_text(w: dict) -> str:
     return (f"{w['positions_cleared']} of {w['positions_flagged']} flagged positions cleared by the judge's own "
             f"error there ({w['measured']}: largest |Δlogit| {w['max_judge_own_dlogit'] or 0:.2e}); "
-            f"{w['not_run']} prompt(s) not witnessed")
+            f"{w['not_run']} prompt(s) not witnessed"
+            + (f"; {w['prompts_with_other_orders']} prompt(s) also judged by the recipe's other reduction orders"
+               if w.get("prompts_with_other_orders") else ""))

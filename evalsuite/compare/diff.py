@@ -117,6 +117,8 @@ def _diff_one(spec: DiffSpec, progress: Callable[[str], None]) -> DiffResult:
         raise SpecError(f"no prompt of {pset.name} fits {spec.model}'s context of {c.max_context}")
     ref = judge(model)  # on the global mesh (evalsuite --mesh), as its bf16 recipe
     recipe = judge(model, spec.dtype) if spec.dtype != "float32" else None
+    # bf16: where flags survive the recipe's own error, the recipe in other reduction orders (witness.ORDER_SEEDS)
+    orders = witness.OrderSpread(lambda seed: judge(model, spec.dtype, order_seed=seed)) if recipe else None
     eng = make_engine(spec.engine, model, spec.dtype, spec.fault, spec.remote, dict(spec.engine_options))
     caps = eng.capabilities
     # what this engine cannot show is said ("not checked"); what blocks a PASS is listed apart
@@ -168,7 +170,8 @@ def _diff_one(spec: DiffSpec, progress: Callable[[str], None]) -> DiffResult:
             track = rg.track()
             rec = rule.compare_prompt(rg.token_ids, track, fo, eg, tol, eos_ids=eos_ids)
             if rec["real_positions"] and how != "unresolved":  # the conditioning witness (rule.CONDITIONING)
-                rec = witness.with_witness(ref, encoded[i][1], rg, fo, eg, tol, eos_ids, rec, witnessed, track, rl)
+                rec = witness.with_witness(ref, encoded[i][1], rg, fo, eg, tol, eos_ids, rec, witnessed, track, rl,
+                                           orders)
             if tol16 is not None and how != "unresolved":  # the same positions under bf16's bounds
                 r16 = rule.compare_prompt(rg.token_ids, track, fo, eg, tol16, eos_ids=eos_ids)
                 under16.append(len(r16["real_positions"]))

@@ -61,6 +61,8 @@ CONDITIONING: the floors above are typical positions. At an ill-conditioned one 
   The 1,000-prompt false-alarm run found positions beyond that worst (2026-12-02, 93093bd): at
   gen-0020-raw-repetition's position 16 the recipe itself is 5.67 from float32 (KL 0.54), the faithful
   megakernel 5.90 (KL 0.57): both round the same bf16 weights (the engine's values for information only).
+  One recipe run is one reduction order, so where flags survive it the witness is the worst of it and the same
+  recipe in other orders (compare/witness.py ORDER_SEEDS, with what they measured on the flags left at 11567eb).
 DRIFT_RATIO (bf16 only): a recipe bug (e.g. a bf16 residual) adds error everywhere but stays
   under per-position bounds, so the run's mean KL (or mean |Δlogprob| over an API) against the f32
   reference must be at most 1.3x the same mean of the reference's own bf16 recipe on the same
