@@ -84,15 +84,21 @@ def _commit() -> str | None:
 def summary(chunks: list[dict]) -> dict:
     """The whole run from its chunks: prompts judged, flagged, the bounds on the false-alarm rate."""
     n = sum(c["prompts"] for c in chunks)
-    flagged = {k: v for c in chunks for k, v in (c.get("rejudged") or c)["flagged"].items()}
+    def last(c: dict) -> dict:  # a chunk's latest judgement: its re-run where there is one
+        return c.get("rejudged") or c
+
+    flagged = {k: v for c in chunks for k, v in last(c)["flagged"].items()}
     return {"prompts": n, "chunks": len(chunks), "flagged": len(flagged), "flagged_prompts": flagged,
             # the rule of three bounds a rate only when nothing was flagged; else the exact bound alone
             "rule_of_three_upper": rule_of_three(n) if not flagged else None,
             "cp_upper_97_5": cp_upper(len(flagged), n),
-            "verdicts": sorted({(c.get("rejudged") or c)["verdict"] for c in chunks}),
+            "verdicts": sorted({last(c)["verdict"] for c in chunks}),
             "rejudged_chunks": sum("rejudged" in c for c in chunks),
-            "prompts_cleared_by_witness": sum(len(c.get("cleared_by_witness") or {}) for c in chunks),
-            "benign_divergences": sum(c["benign_divergences"] for c in chunks),
+            "prompts_cleared_by_witness": sum(len(last(c).get("cleared_by_witness") or {}) for c in chunks),
+            # bf16: prompts whose flags were judged by the recipe's other reduction orders (compare/witness.py)
+            "prompts_with_other_orders": sum((last(c).get("conditioning_witness") or {}).get(
+                "prompts_with_other_orders", 0) for c in chunks),
+            "benign_divergences": sum(last(c)["benign_divergences"] for c in chunks),
             "wall_s": round(sum(c["wall_s"] for c in chunks), 1),
             "commits": sorted({str(c.get("commit")) for c in chunks} | {str(c["rejudged"]["commit"]) for c in chunks
                                                                           if "rejudged" in c}),
@@ -135,19 +141,20 @@ def _write(out: Path, settings: dict, done: dict) -> None:
 
 
 def _rejudge(a, done: dict, lines: list[str], reports: Path, out: Path, settings: dict) -> int:
-    """Each finished in-process chunk with flagged prompts: those prompts again, alone, with this checkout."""
-    by_id = {json.loads(x)["id"]: x for x in lines}
+    """Each finished in-process chunk with flagged prompts: the whole chunk again with this checkout, so every prompt
+    is in the batch it was first judged in (a bf16 position's value depends on its batch: gen-0050's position 9 had
+    KL 6.5e-3 in its batch of 8, 2.9e-3 alone). Until 2026-12-02 only the flagged prompts were run, alone."""
     for key, ch in done.items():
         if not ch["flagged"] or ch["mode"] != "in-process":
             continue
         part = reports / f"rejudge-{a.dtype}-{ch['first']}.jsonl"
-        part.write_text("\n".join(by_id[i] for i in ch["flagged"]) + "\n")
-        print(f"[{time.strftime('%H:%M:%S')}] re-judging {len(ch['flagged'])} flagged prompt(s) of {key}",
+        part.write_text("\n".join(lines[ch["first"]:ch["first"] + a.chunk]) + "\n")
+        print(f"[{time.strftime('%H:%M:%S')}] re-judging {key} whole ({len(ch['flagged'])} prompt(s) flagged)",
               file=sys.stderr, flush=True)
         r = _run_diff(["--model", a.model, "--dtype", a.dtype, "--prompts", str(part), "--max-new-tokens",
                        str(a.max_new_tokens), *_no_build(a.dtype)], reports / f"rejudge-{a.dtype}-{ch['first']}")
-        ch["rejudged"] = {"commit": _commit(), "how": "the chunk's flagged prompts alone (not in their batch)", **r}
-        print(f"  {r['verdict']}, {len(r['flagged'])} still flagged", file=sys.stderr, flush=True)
+        ch["rejudged"] = {"commit": _commit(), "how": "the whole chunk again, in the batches it was first run in", **r}
+        print(f"  {r['verdict']}, {len(r['flagged'])} flagged", file=sys.stderr, flush=True)
         _write(out, settings, done)
     print(json.dumps(summary([v for v in done.values() if v["mode"] == "in-process"]), indent=1))
     return 0
@@ -167,9 +174,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="summary JSON (default benchmarks/results/false-alarms-<dtype>.json)")
     ap.add_argument("--reports", default="runs/false-alarms", help="folder for the prompt files and diff reports")
     ap.add_argument("--rejudge", action="store_true",
-                    help="with --resume: run the flagged prompts of finished chunks again, alone, with this checkout's "
-                         "rule (their other prompts had no flagged position, and a rule change that only widens "
-                         "bounds at flagged positions cannot flag them), and record it beside the chunk")
+                    help="with --resume: run each finished chunk that has flagged prompts again, whole, with this "
+                         "checkout's rule (the other chunks had no flagged position, and a rule change that only "
+                         "widens bounds at flagged positions cannot flag them), and record it beside the chunk")
     a = ap.parse_args(argv)
     if a.chunk < 1 or a.n < 1:
         print("error: --n and --chunk must be >= 1", file=sys.stderr)
