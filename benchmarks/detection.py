@@ -89,7 +89,7 @@ class Judge:
             if same is not None and model.config.n_moe_layers else []
         self.moved = max((float(np.max(mv)) for _, mv in self.margins if len(mv)), default=None)
         tol = rule.Tolerances.for_dtype(dtype)  # as diff: where the recipe itself is beyond the bounds (witness)
-        self.witness = [rule.compare_prompt(g.token_ids, g.track(), r, None, tol)["real_positions"]
+        self.recipe_real = [rule.compare_prompt(g.token_ids, g.track(), r, None, tol)["real_positions"]
                         for g, r in zip(self.ref, self.recipe)] if self.margins else []
 
 
@@ -122,7 +122,7 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> di
                 rec = with_witness(judge.engine, prompts[c + i][1], rg, fo, eg, tol, (), rec, witnessed, None,
                                    judge.recipe[c + i] if dtype != "float32" else None, orders)
             if judge.margins:  # as diff: real positions at the reference's routing near-ties are not judged
-                rt = rule.routing_ties([rec], {0: judge.margins[c + i]}, judge.moved, {0: judge.witness[c + i]})
+                rt = rule.routing_ties([rec], {0: judge.margins[c + i]}, judge.moved, {0: judge.recipe_real[c + i]})
                 detail["routing_not_judged"] = detail.get("routing_not_judged", 0) + rt["positions_not_judged"]
             detail["real_positions"] += len(rec["real_positions"])
             if fault is None and rec["real_positions"]:  # a false alarm: which prompt, which positions
