@@ -90,7 +90,7 @@ class Judge:
         self.moved = max((float(np.max(mv)) for _, mv in self.margins if len(mv)), default=None)
         tol = rule.Tolerances.for_dtype(dtype)  # as diff: where the recipe itself is beyond the bounds (witness)
         self.recipe_real = [rule.compare_prompt(g.token_ids, g.track(), r, None, tol)["real_positions"]
-                        for g, r in zip(self.ref, self.recipe)] if self.margins else []
+                            for g, r in zip(self.ref, self.recipe)] if self.margins else []
 
 
 def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> dict:
