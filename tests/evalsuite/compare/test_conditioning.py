@@ -163,9 +163,10 @@ class _Order:
     def __init__(self, logits, built):
         self.logits, self.built = logits, built
 
-    def forced_topk(self, prompts, tracks, k, want_logits):
+    def score(self, seqs):  # Engine.score: logits at every position of prompt + tokens (the prompt is 1 token here)
         self.built.append(1)
-        return [self]
+        assert len(seqs[0]) == len(self.logits) + 1
+        return [type("Scored", (), {"logits": np.vstack([self.logits, self.logits[-1:]])})]
 
 
 def test_in_bf16_flags_the_recipe_leaves_are_judged_by_its_other_reduction_orders():
