@@ -17,16 +17,18 @@ from engines.errors import ModelError
 from evalsuite.compare import metrics, rule
 
 # bfloat16: at an ill-conditioned position the recipe's own error depends on its reduction order, which XLA's
-# tiling, the batch's shape or another kernel's tiling sets. Measured 2026-12-02 at the positions the 1,000-prompt
-# false-alarm run left flagged (the recipe on weights with permuted hidden and MLP dimensions, seeds 1-4, batch of 3):
-# gen-0489-raw-repetition position 0, |Δlogit| 9.07 for the recipe, 7.89 / 10.5 / 8.9 / 4.01 permuted (the faithful
-# megakernel 3.91 there, 7.77 in the run's batch); gen-0429-raw-json position 9, KL 1.0e-3 for the recipe, 4.2e-3 /
-# 3.4e-3 / 2.3e-3 / 5.7e-3 permuted (the megakernel 9.4e-3). One recipe run is one draw from that spread; four more
-# put a correct engine's chance of exceeding all five at 1/6 (exchangeability) before the 1.5x factor. With two
-# (seeds 1, 2) gen-0429 would have cleared by 0.5%, a hair, hence four.
+# tiling, the batch's shape or another kernel's tiling sets. At the two positions the 1,000-prompt false-alarm run
+# left flagged under the one recipe (benchmarks/results/false-alarms-bfloat16.json, prompts 401-500 re-run whole at
+# dea6df6): gen-0489-raw-repetition position 0, the recipe 4.36 from float32, the same recipe on weights with
+# permuted hidden and MLP dimensions (seeds 1-4) 7.81 / 10.9 / 8.90 / 4.00, the faithful megakernel 7.77;
+# gen-0429-raw-json position 9, the recipe's KL 1.6e-3, the worst with the four orders 1.06e-2, the megakernel
+# 9.4e-3. One recipe run is one draw from that spread; four more put a correct engine's chance of exceeding all
+# five at 1/6 (exchangeability) before the 1.5x factor. (In development, on the forced-decode path and a batch of 3,
+# two orders, seeds 1-2, would have cleared gen-0429 by 0.5%, a hair, hence four.)
 ORDER_SEEDS = (1, 2, 3, 4)
-# Prompts per run that get the other orders (len(ORDER_SEEDS) teacher-forced passes each, one order built at a time):
-# past it a prompt is judged by the one recipe, which can only leave more flags standing. The faithful megakernel
+# Prompts per run that get the other orders (len(ORDER_SEEDS) full forwards each, one order built at a time: 7-11 s a
+# prompt on smollm2 with a GSM8K run on the cores): past it a prompt is judged by the one recipe, which can only
+# leave more flags standing. The faithful megakernel
 # had flags left by the one recipe on 2 of 1,000 prompts; a broken engine flags every prompt, and needs no witness.
 ORDER_PROMPTS = 8
 
