@@ -97,8 +97,12 @@ def judge(model: Model, dtype: str = "float32", order_seed: int | None = None):
     with its hidden and MLP dimensions permuted (engines.weights.permuted; read whole on the host), so that every
     sum over them runs in another order: the bf16 witness's other reduction orders (compare/witness.py)."""
     from engines.reference import ReferenceEngine
+    from engines.reference.engine import WITNESS_MAX_BYTES
     from engines.weights import permuted
 
+    if order_seed is not None and model.weights.nbytes > WITNESS_MAX_BYTES:  # the same host bound as float64's
+        raise ModelError(f"a permuted float32 copy of the weights would take {model.weights.nbytes / 2**30:.1f} GiB "
+                         f"(> {WITNESS_MAX_BYTES / 2**30:.0f})")
     weights = model.weights if order_seed is None else permuted(model.weights, order_seed)
     return ReferenceEngine(weights, dtype, mesh=default_mesh())
 

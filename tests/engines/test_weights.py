@@ -4,6 +4,7 @@ reduction orders (evalsuite/compare/witness.py)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from engines.reference import ReferenceEngine
 from engines.weights import permuted
@@ -32,3 +33,16 @@ def test_the_permutation_is_seeded_and_keeps_provenance(mini_moe):
     # a reordering, not a change: the same values along each permuted axis
     assert np.array_equal(np.sort(a.arrays["embed"], axis=1), np.sort(np.asarray(w.arrays["embed"]), axis=1))
     assert np.array_equal(a.arrays["router_bias"], np.asarray(w.arrays["router_bias"]))  # no D or F axis
+
+
+def test_a_permuted_judge_past_the_host_bound_is_refused_in_one_line(mini_llama, monkeypatch):
+    """evalsuite.engines.judge(order_seed=...): a whole permuted float32 copy is held on the host, so past the float64
+    witness's bound it is refused (the bf16 witness then leaves the flags standing and says why)."""
+    import engines.reference.engine as ref_engine
+    from engines.errors import ModelError
+    from evalsuite.engines import judge
+
+    assert judge(mini_llama, "bfloat16", order_seed=1).dtype == "bfloat16"
+    monkeypatch.setattr(ref_engine, "WITNESS_MAX_BYTES", 0)
+    with pytest.raises(ModelError, match="permuted float32 copy of the weights would take"):
+        judge(mini_llama, "bfloat16", order_seed=1)
