@@ -28,8 +28,8 @@ from evalsuite.compare import metrics, rule
 ORDER_SEEDS = (1, 2, 3, 4)
 # Prompts per run that get the other orders (len(ORDER_SEEDS) full forwards each, one order built at a time: 7-11 s a
 # prompt on smollm2 with a GSM8K run on the cores): past it a prompt is judged by the one recipe, which can only
-# leave more flags standing. The faithful megakernel
-# had flags left by the one recipe on 2 of 1,000 prompts; a broken engine flags every prompt, and needs no witness.
+# leave more flags standing. The faithful megakernel had flags left by the one recipe on 2 of 1,000 prompts; a broken
+# engine flags every prompt, and needs no witness.
 ORDER_PROMPTS = 8
 
 WHAT = {"float32": "the reference's float32 math against its float64 math",
@@ -71,8 +71,9 @@ class OrderSpread:
         out = []
         for seed in ORDER_SEEDS:
             eng = self.build(seed)
-            # one full forward over prompt + the reference's tokens (the score path: a third order again, 12 s ->
-            # under 1 s against decoding the 32 tokens forced on smollm2), the logits that predict each token
+            # one full forward over prompt + the reference's tokens, the logits that predict each token (the score
+            # path, a third order again: 0.1-1 s on smollm2 against 12-14 s decoding the 32 tokens forced; the
+            # permuting, 1.7-2.8 s an order, is most of the cost; all with a GSM8K run on the cores)
             logits = eng.score([seq])[0].logits[len(prompt) - 1:len(prompt) - 1 + n]
             out.append(_recipe_error(logits, rg))
             del eng
