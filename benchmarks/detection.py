@@ -41,10 +41,10 @@ from make_prompts import make  # noqa: E402
 from engines.megakernel import MegakernelEngine  # noqa: E402
 from engines.megakernel.faults import CATALOGUE  # noqa: E402
 from engines.reference import ReferenceEngine  # noqa: E402
-from engines.weights import permuted  # noqa: E402
 from evalsuite.compare import peers, rule  # noqa: E402
 from evalsuite.compare.diff import routing_margins  # noqa: E402
 from evalsuite.compare.witness import OrderSpread, with_witness  # noqa: E402
+from evalsuite.engines import judge as judge_engine  # noqa: E402
 from evalsuite.prompts import Prompt  # noqa: E402
 from evalsuite.registry import load_model  # noqa: E402
 from evalsuite.versions import versions  # noqa: E402
@@ -100,8 +100,7 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> di
     first: dict[str, int | None] = {r: None for r in RULES}
     drift_e, drift_r, slopes, witnessed = [], [], [], []
     # as diff: the bf16 recipe in other reduction orders where flags survive the one recipe
-    orders = (OrderSpread(lambda seed: ReferenceEngine(permuted(model.weights, seed), dtype))
-              if dtype != "float32" else None)
+    orders = OrderSpread(lambda seed: judge_engine(model, dtype, order_seed=seed)) if dtype != "float32" else None
     detail = {"max_kl": 0.0, "max_sglang_dlogprob": 0.0, "real_positions": 0, "flagged": {}}
     t0, taken = time.time(), 0
     for c in range(0, len(prompts), CHUNK):
