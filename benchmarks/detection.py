@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -67,33 +68,45 @@ def prompt_order(tok, n: int, seed: int, max_context: int, max_new: int) -> list
 
 
 class Judge:
-    """The reference's records for every prompt, computed once and shared by every fault."""
+    """The reference's records, computed once per chunk of prompts (when a fault first needs it) and shared by
+    every fault. On an MoE model every chunk is computed at once: diff's routing near-ties take the largest
+    rounding move over the whole prompt set."""
 
     def __init__(self, model, dtype: str, prompts, N: int, progress):
-        self.model, self.dtype, self.N = model, dtype, N
-        ref = self.engine = ReferenceEngine(model.weights, "float32")  # also the float32 conditioning witness
-        same = ReferenceEngine(model.weights, dtype) if dtype != "float32" else None
-        self.ref, self.same, self.recipe = [], [], []
-        for c in range(0, len(prompts), CHUNK):
-            ids = [p for _, p in prompts[c:c + CHUNK]]
-            progress(f"reference: prompts {c + 1}-{c + len(ids)}")
+        self.model, self.dtype, self.N, self.prompts, self.progress = model, dtype, N, prompts, progress
+        self.engine = ReferenceEngine(model.weights, "float32")  # also the float32 conditioning witness
+        self._same = ReferenceEngine(model.weights, dtype) if dtype != "float32" else None
+        self.ref, self.same, self.recipe, self.margins, self.recipe_real = [], [], [], [], []
+        self.moe = self._same is not None and bool(model.config.n_moe_layers)
+        self.moved = None
+        if self.moe:
+            self.ensure(len(prompts))
+            self.moved = max((float(np.max(mv)) for _, mv in self.margins if len(mv)), default=None)
+
+    def ensure(self, upto: int) -> None:
+        """Records for the first `upto` prompts."""
+        ref, same, N = self.engine, self._same, self.N
+        tol = rule.Tolerances.for_dtype(self.dtype)  # as diff: where the recipe itself is beyond the bounds
+        for c in range(len(self.ref), min(upto, len(self.prompts)), CHUNK):
+            ps = self.prompts[c:c + CHUNK]
+            ids = [p for _, p in ps]
+            self.progress(f"reference: prompts {c + 1}-{c + len(ids)}")
             g = ref.generate(ids, N, top_k=5, want_logits=True)
             self.ref += g
-            if same is not None:  # the peers' judge (same dtype) and evalsuite's drift baseline
-                self.same += same.generate(ids, N, top_k=5, want_logits=True)
-                self.recipe += same.forced_topk(ids, [x.token_ids for x in g], 5, want_logits=True)
-        if same is None:
-            self.same = self.ref
-        # bf16 on an MoE model: the reference's routing margins (float32, bf16 recipe) for diff's routing near-ties
-        self.margins = [routing_margins(ref, same, p, g.token_ids) for (_, p), g in zip(prompts, self.ref)] \
-            if same is not None and model.config.n_moe_layers else []
-        self.moved = max((float(np.max(mv)) for _, mv in self.margins if len(mv)), default=None)
-        tol = rule.Tolerances.for_dtype(dtype)  # as diff: where the recipe itself is beyond the bounds (witness)
-        self.recipe_real = [rule.compare_prompt(g.token_ids, g.track(), r, None, tol)["real_positions"]
-                            for g, r in zip(self.ref, self.recipe)] if self.margins else []
+            if same is None:  # float32: the peers' judge is the reference itself
+                self.same += g
+                continue
+            self.same += same.generate(ids, N, top_k=5, want_logits=True)  # the peers' judge, the drift baseline
+            recipe = same.forced_topk(ids, [x.token_ids for x in g], 5, want_logits=True)
+            self.recipe += recipe
+            if self.moe:  # the reference's routing margins (float32, bf16 recipe) for diff's routing near-ties
+                self.margins += [routing_margins(ref, same, p, x.token_ids) for p, x in zip(ids, g)]
+                self.recipe_real += [rule.compare_prompt(x.token_ids, x.track(), r, None, tol)["real_positions"]
+                                     for x, r in zip(g, recipe)]
 
 
-def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> dict:
+def judge_fault(judge: Judge, prompts, fault: str | None, model, progress, only_evalsuite: bool = False) -> dict:
+    """only_evalsuite: stop at evalsuite's first catch and skip the peers' rules (--recheck-evalsuite)."""
     dtype, N = judge.dtype, judge.N
     tol = rule.Tolerances.for_dtype(dtype)
     eng = MegakernelEngine(model.weights, dtype, fault=fault)
@@ -104,14 +117,16 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> di
     detail = {"max_kl": 0.0, "max_sglang_dlogprob": 0.0, "real_positions": 0, "flagged": {}}
     t0, taken = time.time(), 0
     for c in range(0, len(prompts), CHUNK):
-        if fault is not None and all(v is not None for v in first.values()):
+        if fault is not None and (first["evalsuite"] is not None if only_evalsuite
+                                  else all(v is not None for v in first.values())):
             break
         ids = [p for _, p in prompts[c:c + CHUNK]]
+        judge.ensure(c + len(ids))
         progress(f"{fault or 'faithful'} {dtype}: prompts {c + 1}-{c + len(ids)}")
         egen = eng.generate(ids, N, top_k=5)
         forced = eng.forced_topk(ids, [judge.ref[c + i].token_ids for i in range(len(ids))], 5, want_logits=True)
         # the peers' judge is the reference in the engine's dtype: the engine teacher-forced along its tokens
-        forced_same = forced if dtype == "float32" else eng.forced_topk(
+        forced_same = forced if dtype == "float32" or only_evalsuite else eng.forced_topk(
             ids, [judge.same[c + i].token_ids for i in range(len(ids))], 5, want_logits=True)
         for i, (eg, fo, fs) in enumerate(zip(egen, forced, forced_same)):
             n = c + i + 1
@@ -131,15 +146,16 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress) -> di
                 drift_r.append(rule.metrics.kl(rg.logits, judge.recipe[c + i].logits))
                 slopes.append((rule.logit_slope(rg.logits, fo.logits),  # as diff: the logit-scale check
                                rule.logit_slope(rg.logits, judge.recipe[c + i].logits)))
-            hits = {"evalsuite": bool(rec["real_positions"]),
-                    "vllm": peers.vllm_rule(sg.token_ids, np.asarray(sg.top_ids), eg.token_ids,
-                                            np.asarray(eg.top_ids))["caught"]}
-            mx = peers.maxtext_rule(sg.logits, fs.logits)
-            sl = peers.sglang_rule(sg.top_logprobs, eg.top_logprobs, model.tokenizer.decode(sg.token_ids),
-                                   model.tokenizer.decode(eg.token_ids))
-            hits |= {"maxtext": mx["caught"], "sglang": sl["caught"]}
-            detail["max_kl"] = max(detail["max_kl"], mx["max_kl"])
-            detail["max_sglang_dlogprob"] = max(detail["max_sglang_dlogprob"], sl["max_dlogprob"])
+            hits = {"evalsuite": bool(rec["real_positions"])}
+            if not only_evalsuite:
+                hits["vllm"] = peers.vllm_rule(sg.token_ids, np.asarray(sg.top_ids), eg.token_ids,
+                                               np.asarray(eg.top_ids))["caught"]
+                mx = peers.maxtext_rule(sg.logits, fs.logits)
+                sl = peers.sglang_rule(sg.top_logprobs, eg.top_logprobs, model.tokenizer.decode(sg.token_ids),
+                                       model.tokenizer.decode(eg.token_ids))
+                hits |= {"maxtext": mx["caught"], "sglang": sl["caught"]}
+                detail["max_kl"] = max(detail["max_kl"], mx["max_kl"])
+                detail["max_sglang_dlogprob"] = max(detail["max_sglang_dlogprob"], sl["max_dlogprob"])
             for r, hit in hits.items():
                 if hit and first[r] is None:
                     first[r] = n
@@ -166,6 +182,9 @@ def table(rows: list[dict], build32: dict | None = None) -> str:
     lines = [head, "|" + " --- |" * (len(RULES) + len(extra) + 4)]
     for r in rows:
         cells = [_cell(r["first_caught"][k], r["fault"]) for k in RULES]
+        was = r.get("evalsuite_recheck", {}).get("before", r["first_caught"]["evalsuite"])
+        if was != r["first_caught"]["evalsuite"]:  # re-checked under today's rule and moved: say so
+            cells[0] += f" (was {_cell(was, r['fault'])})"
         if build32 is not None:
             both = [v for v in (r["first_caught"]["evalsuite"], build32.get((r["model"], r["fault"]))) if v]
             cells.append(_cell(min(both) if both else None, r["fault"]))
@@ -188,6 +207,37 @@ def float32_catches(bf16: dict, path: str) -> dict:
     return {(r["model"], r["fault"]): r["first_caught"]["evalsuite"] for r in f32["rows"]}
 
 
+def recheck(doc: dict, out: Path, names: list[str], a, needs: dict, progress) -> int:
+    """Re-run evalsuite's column of a committed table under today's rule: the rows it caught (a "-" cannot turn
+    into a catch by the witnesses, which only clear flags; the faithful rows' false alarms are the 1,000-prompt
+    runs' job). Each row keeps its old catch under "evalsuite_recheck" beside the new one."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                            capture_output=True, text=True).stdout.strip() or "unknown"
+    todo = [r for r in doc["rows"] if r["fault"] in names and r["first_caught"]["evalsuite"] is not None
+            and "evalsuite_recheck" not in r]  # a killed recheck continues where it stopped
+    t0 = time.time()
+    for model_name in (a.model, a.moe_model):
+        group = [r for r in todo if r["model"] == model_name]
+        if not group:
+            continue
+        model = load_model(model_name)
+        ps = prompt_order(model.tokenizer, a.prompts, a.seed, model.config.max_context, a.max_new_tokens)
+        judge = Judge(model, a.dtype, ps, a.max_new_tokens, progress)
+        for r in group:
+            new = judge_fault(judge, ps, r["fault"], model, progress, only_evalsuite=True)
+            before = r["first_caught"]["evalsuite"]
+            r["first_caught"]["evalsuite"] = new["first_caught"]["evalsuite"]
+            r["evalsuite_recheck"] = {"before": before, "commit": commit, "versions": versions(),
+                                      **{k: new[k] for k in ("prompts_taken", "seconds", "real_positions",
+                                                             "witness_cleared", "drift_ratio", "logit_scale_t")
+                                         if k in new}}
+            progress(f"{r['fault']}: evalsuite {before} -> {new['first_caught']['evalsuite']} ({new['seconds']} s)")
+            out.write_text(json.dumps(doc, indent=1))  # after every fault: a kill loses one row at most
+    print(table(doc["rows"]))
+    print(f"\n{out}: {len(todo)} rows re-checked, {time.time() - t0:.0f} s")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="which rule catches which fault, and with how many prompts")
     ap.add_argument("--model", default="smollm2-135m")
@@ -204,7 +254,14 @@ def main(argv=None) -> int:
     ap.add_argument("--float32-table", default=None,
                     help="with --table-only on a bfloat16 table: the float32 table of the same prompts, for the "
                          "'evalsuite + float32 build' column (what a bf16 `diff` reports)")
+    ap.add_argument("--recheck-evalsuite", action="store_true",
+                    help="re-run only evalsuite's column of --out under today's rule (its witnesses, drift and scale "
+                         "checks), for the faults it caught; each stops at evalsuite's catch. The peers' columns are "
+                         "kept: their rules are unchanged")
     a = ap.parse_args(argv)
+    if a.recheck_evalsuite and (a.resume or a.table_only):
+        print("error: --recheck-evalsuite goes alone (not with --resume or --table-only)", file=sys.stderr)
+        return 2
     if a.table_only:
         if not Path(a.out).is_file() or (a.float32_table and not Path(a.float32_table).is_file()):
             print(f"error: {a.out if not Path(a.out).is_file() else a.float32_table} does not exist", file=sys.stderr)
@@ -227,13 +284,18 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
-    if a.resume and out.is_file():
+    if a.recheck_evalsuite and not out.is_file():
+        print(f"error: --recheck-evalsuite: {out} does not exist (run the table first)", file=sys.stderr)
+        return 2
+    if (a.resume or a.recheck_evalsuite) and out.is_file():
         old = json.loads(out.read_text())
         same = (old.get("prompts"), old.get("order_seed"), old.get("max_new_tokens"), old.get("dtype"))
         if same != (a.prompts, a.seed, a.max_new_tokens, a.dtype):
-            print(f"error: --resume: {out} was written with other settings {same}", file=sys.stderr)
+            print(f"error: {out} was written with other settings {same}", file=sys.stderr)
             return 2
         rows = old["rows"]
+    if a.recheck_evalsuite:
+        return recheck(old, out, names, a, needs, progress)
     done = {(r["model"], r["fault"]) for r in rows}
     t0 = time.time()
     for model_name, group in ((a.model, [None] + [n for n in names if needs[n] != "moe"]),
