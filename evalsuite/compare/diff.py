@@ -118,7 +118,8 @@ def _diff_one(spec: DiffSpec, progress: Callable[[str], None]) -> DiffResult:
     ref = judge(model)  # on the global mesh (evalsuite --mesh), as its bf16 recipe
     recipe = judge(model, spec.dtype) if spec.dtype != "float32" else None
     # bf16: where flags survive the recipe's own error, the recipe in other reduction orders (witness.ORDER_SEEDS)
-    orders = witness.OrderSpread(lambda seed: judge(model, spec.dtype, order_seed=seed)) if recipe else None
+    orders = witness.OrderSpread(lambda seed: judge(model, spec.dtype, order_seed=seed),
+                                   model.weights.nbytes) if recipe else None
     eng = make_engine(spec.engine, model, spec.dtype, spec.fault, spec.remote, dict(spec.engine_options))
     caps = eng.capabilities
     # what this engine cannot show is said ("not checked"); what blocks a PASS is listed apart

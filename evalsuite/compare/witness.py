@@ -31,6 +31,10 @@ ORDER_SEEDS = (1, 2, 3, 4)
 # leave more flags standing. The faithful megakernel had flags left by the one recipe on 2 of 1,000 prompts; a broken
 # engine flags every prompt, and needs no witness.
 ORDER_PROMPTS = 8
+# Host bytes of weights under which the ORDER_SEEDS permuted judges are kept for the run instead of being permuted
+# again for every prompt (1.7-2.8 s an order on smollm2, up to ORDER_PROMPTS x 4 times a run): smollm2's float32
+# weights are 538 MB, so its four copies (2.2 GB) are kept on this 24 GiB machine; a model past it pays the rebuild.
+ORDER_KEEP_BYTES = 3 << 30
 
 WHAT = {"float32": "the reference's float32 math against its float64 math",
         "bfloat16": "the reference's own bf16 recipe against the float32 reference (where flags survive it, the "
@@ -55,11 +59,14 @@ def _recipe_error(logits, rg) -> tuple[np.ndarray, np.ndarray]:
 
 class OrderSpread:
     """The bf16 recipe in other reduction orders: build(seed) gives the reference's recipe on
-    engines.weights.permuted(weights, seed) (evalsuite.engines.judge), one at a time, dropped after its pass (a
-    teacher-forced full forward, Engine.score); run on at most ORDER_PROMPTS prompts of a run."""
+    engines.weights.permuted(weights, seed) (evalsuite.engines.judge), one at a time, for a teacher-forced full
+    forward (Engine.score); run on at most ORDER_PROMPTS prompts of a run. weight_bytes: the model's; when the
+    orders together take at most ORDER_KEEP_BYTES, each is built once and kept for the run, else dropped after
+    its pass and built again for the next prompt."""
 
-    def __init__(self, build):
-        self.build, self.prompts = build, 0
+    def __init__(self, build, weight_bytes: int | None = None):
+        self.build, self.prompts, self.kept = build, 0, {}
+        self.keep = weight_bytes is not None and weight_bytes * len(ORDER_SEEDS) <= ORDER_KEEP_BYTES
 
     def errors(self, prompt, rg) -> list[tuple[np.ndarray, np.ndarray]]:
         """(|Δlogit|, KL) per position for each seed of ORDER_SEEDS, along the reference's tokens. Raises
@@ -70,7 +77,9 @@ class OrderSpread:
         seq, n = list(prompt) + list(rg.token_ids), len(rg.token_ids)
         out = []
         for seed in ORDER_SEEDS:
-            eng = self.build(seed)
+            eng = self.kept[seed] if seed in self.kept else self.build(seed)
+            if self.keep:
+                self.kept[seed] = eng
             # one full forward over prompt + the reference's tokens, the logits that predict each token (the score
             # path, a third order again: 0.1-1 s on smollm2 against 12-14 s decoding the 32 tokens forced; the
             # permuting, 1.7-2.8 s an order, is most of the cost; all with a GSM8K run on the cores)

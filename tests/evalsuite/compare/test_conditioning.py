@@ -209,3 +209,26 @@ def test_in_bf16_flags_the_recipe_leaves_are_judged_by_its_other_reduction_order
     spread.prompts = witness.ORDER_PROMPTS
     pos, other, built = judged(0.5, 1.9, spread)
     assert pos == [2] and not other["run"] and "at most" in other["why"] and built == 0
+
+
+def test_the_other_orders_are_built_once_a_run_when_the_weights_are_small_enough():
+    """witness.OrderSpread: under ORDER_KEEP_BYTES for all orders the permuted judges are kept across prompts
+    (each seed built once); past it each prompt builds them again (memory over time)."""
+    from evalsuite.compare import witness
+
+    toks, ref, _ = _records(2.0)
+
+    class Gen:
+        token_ids, logits = list(toks), ref.logits
+
+    def builds(weight_bytes) -> list[int]:
+        seeds: list[int] = []
+        spread = witness.OrderSpread(lambda seed: seeds.append(seed) or _Order(np.array(ref.logits), []),
+                                     weight_bytes)
+        for _ in range(3):
+            assert len(spread.errors([1], Gen())) == len(witness.ORDER_SEEDS)
+        return seeds
+
+    assert builds(witness.ORDER_KEEP_BYTES // len(witness.ORDER_SEEDS)) == list(witness.ORDER_SEEDS)
+    assert builds(witness.ORDER_KEEP_BYTES // len(witness.ORDER_SEEDS) + 1) == list(witness.ORDER_SEEDS) * 3
+    assert builds(None) == list(witness.ORDER_SEEDS) * 3
