@@ -75,7 +75,16 @@ def hbm_arrays(w: Weights, dtype: str) -> dict:
     return out
 
 
-@lru_cache(maxsize=16)
+# Static specs whose compiled programs are kept. Each costs the process memory maps for its code (on CPU, interpret
+# mode: about 470 per spec on mini-llama after one generate, measured by a scratch loop over 9 faults; about 6,000 per
+# fault on smollm2 in benchmarks/detection.py). With 16 kept, the float32 detection recheck passed Linux's default
+# vm.max_map_count (65,530) at its 14th fault and LLVM aborted ("Unable to allocate section memory"); evicting a
+# spec unmaps its code (the mini-llama loop stayed at about 1,460 maps with 2 kept, against 5,242 after 9 faults
+# with 16). 6 keeps a run's faithful, faulty, bf16 and float32-build specs, under 40,000 maps on smollm2.
+MAX_SPECS = 6
+
+
+@lru_cache(maxsize=MAX_SPECS)
 def _programs(c, fault, fault_layer, n_buffers, interpret, batch_invariant) -> _Programs:
     """One _Programs per static spec, shared by every engine built with it (weights are arguments)."""
     return _Programs(c, fault, fault_layer, n_buffers, interpret, batch_invariant)
