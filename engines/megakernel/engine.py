@@ -76,11 +76,12 @@ def hbm_arrays(w: Weights, dtype: str) -> dict:
 
 
 # Static specs whose compiled programs are kept. Each costs the process memory maps for its code (on CPU, interpret
-# mode: about 470 per spec on mini-llama after one generate, measured by a scratch loop over 9 faults; about 6,000 per
-# fault on smollm2 in benchmarks/detection.py). With 16 kept, the float32 detection recheck passed Linux's default
-# vm.max_map_count (65,530) at its 14th fault and LLVM aborted ("Unable to allocate section memory"); evicting a
-# spec unmaps its code (the mini-llama loop stayed at about 1,460 maps with 2 kept, against 5,242 after 9 faults
-# with 16). 6 keeps a run's faithful, faulty, bf16 and float32-build specs, under 40,000 maps on smollm2.
+# mode: about 470 per spec on mini-llama after one generate, measured by a scratch loop over 9 faults; on smollm2 the
+# bf16 detection recheck held 18,537 maps after 3 faults, its reference and witnesses included). With 16 kept, the
+# float32 detection recheck passed Linux's default vm.max_map_count (65,530) at its 14th fault and LLVM aborted
+# ("Unable to allocate section memory"); evicting a spec unmaps its code (the mini-llama loop stayed at about 1,460
+# maps with 2 kept, against 5,242 after 9 faults with 16). 6 keeps a run's faithful, faulty, bf16 and float32-build
+# specs.
 MAX_SPECS = 6
 
 
