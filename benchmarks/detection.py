@@ -14,8 +14,9 @@ Rules (evalsuite/compare/rule.py and evalsuite/compare/peers.py):
 - evalsuite: `diff`'s verdict on the prompts so far (any real position by the one comparator, flags
   judged again by the conditioning witness; in bfloat16 also the drift check against the reference's
   own bf16 recipe, from 256 positions, and the logit-scale check, from 8 prompts); its batch-invariance and
-  determinism checks are not part of this count. (The committed tables predate the witness and the
-  logit-scale check, 2026-12-02, and the bf16 witness; see the README.)
+  determinism checks are not part of this count. (The committed tables' peer columns predate the witnesses and
+  the logit-scale check; their evalsuite columns were re-run under them with --recheck-evalsuite on 2026-12-03,
+  the old catch kept in each row's evalsuite_recheck; see the README.)
 - vllm, maxtext, sglang: as documented in peers.py. evalsuite judges a bf16 engine against the
   float32 reference (its design); the peers, as their own tests do, against a reference in the same
   dtype (here the reference's bf16 recipe).
