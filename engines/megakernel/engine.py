@@ -81,7 +81,8 @@ def hbm_arrays(w: Weights, dtype: str) -> dict:
 # float32 detection recheck passed Linux's default vm.max_map_count (65,530) at its 14th fault and LLVM aborted
 # ("Unable to allocate section memory"); evicting a spec unmaps its code (the mini-llama loop stayed at about 1,460
 # maps with 2 kept, against 5,242 after 9 faults with 16). 6 keeps a run's faithful, faulty, bf16 and float32-build
-# specs.
+# specs. Under the default limit, smollm2 in float32, one spec per dense fault (1 prompt, 4 tokens each): about 1,070
+# maps a spec, then a plateau of 6,946-8,053 from the 6th spec on, through all 17 (scratch loop, 2026-12-03).
 MAX_SPECS = 6
 
 
