@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -49,7 +48,7 @@ from evalsuite.compare.witness import OrderSpread, with_witness  # noqa: E402
 from evalsuite.engines import judge as judge_engine  # noqa: E402
 from evalsuite.prompts import Prompt  # noqa: E402
 from evalsuite.registry import load_model  # noqa: E402
-from evalsuite.versions import versions  # noqa: E402
+from evalsuite.versions import commit, versions  # noqa: E402
 
 CHUNK = 8
 RULES = ("evalsuite",) + peers.RULES
@@ -209,12 +208,11 @@ def float32_catches(bf16: dict, path: str) -> dict:
     return {(r["model"], r["fault"]): r["first_caught"]["evalsuite"] for r in f32["rows"]}
 
 
-def recheck(doc: dict, out: Path, names: list[str], a, needs: dict, progress) -> int:
+def recheck(doc: dict, out: Path, names: list[str], a, progress) -> int:
     """Re-run evalsuite's column of a committed table under today's rule: the rows it caught (a "-" cannot turn
     into a catch by the witnesses, which only clear flags; the faithful rows' false alarms are the 1,000-prompt
     runs' job). Each row keeps its old catch under "evalsuite_recheck" beside the new one."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
-                            capture_output=True, text=True).stdout.strip() or "unknown"
+    at = commit(Path(__file__).resolve().parent)
     todo = [r for r in doc["rows"] if r["fault"] in names and r["first_caught"]["evalsuite"] is not None
             and "evalsuite_recheck" not in r]  # a killed recheck continues where it stopped
     t0 = time.time()
@@ -229,7 +227,7 @@ def recheck(doc: dict, out: Path, names: list[str], a, needs: dict, progress) ->
             new = judge_fault(judge, ps, r["fault"], model, progress, only_evalsuite=True)
             before = r["first_caught"]["evalsuite"]
             r["first_caught"]["evalsuite"] = new["first_caught"]["evalsuite"]
-            r["evalsuite_recheck"] = {"before": before, "commit": commit, "versions": versions(),
+            r["evalsuite_recheck"] = {"before": before, "commit": at, "versions": versions(),
                                       **{k: new[k] for k in ("prompts_taken", "seconds", "real_positions",
                                                              "witness_cleared", "drift_ratio", "logit_scale_t")
                                          if k in new}}
@@ -290,14 +288,20 @@ def main(argv=None) -> int:
         print(f"error: --recheck-evalsuite: {out} does not exist (run the table first)", file=sys.stderr)
         return 2
     if (a.resume or a.recheck_evalsuite) and out.is_file():
-        old = json.loads(out.read_text())
+        try:
+            old = json.loads(out.read_text())
+            if not isinstance(old, dict) or not isinstance(old.get("rows"), list):
+                raise ValueError("no rows")
+        except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+            print(f"error: {out} is not a detection table ({e})", file=sys.stderr)
+            return 2
         same = (old.get("prompts"), old.get("order_seed"), old.get("max_new_tokens"), old.get("dtype"))
         if same != (a.prompts, a.seed, a.max_new_tokens, a.dtype):
             print(f"error: {out} was written with other settings {same}", file=sys.stderr)
             return 2
         rows = old["rows"]
     if a.recheck_evalsuite:
-        return recheck(old, out, names, a, needs, progress)
+        return recheck(old, out, names, a, progress)
     done = {(r["model"], r["fault"]) for r in rows}
     t0 = time.time()
     for model_name, group in ((a.model, [None] + [n for n in names if needs[n] != "moe"]),

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engines.megakernel.faults import CATALOGUE  # noqa: E402
-from evalsuite.versions import versions  # noqa: E402
+from evalsuite.versions import commit, versions  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -44,11 +44,10 @@ def main(argv=None) -> int:
     if bad or a.limit < 1:
         print(f"error: unknown fault(s) {bad}" if bad else "error: --limit must be >= 1", file=sys.stderr)
         return 2
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
-                            capture_output=True, text=True).stdout.strip() or None
+    at = commit(Path(__file__).resolve().parent)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    rows, first = _kept(out, a) if a.resume else ([], commit)
+    rows, first = _kept(out, a) if a.resume else ([], at)
     done = {r["fault"] for r in rows if "error" not in r}
     rows = [r for r in rows if r["fault"] in done]
     for f in [n for n in names if n not in done]:
@@ -66,7 +65,7 @@ def main(argv=None) -> int:
                          "paired": {k: r["paired"].get(k) for k in ("b", "c", "loss_p", "loss_upper")},
                          "weights_sha256": r.get("weights_sha256"),
                          "data_sha256": (r.get("dataset") or {}).get("sha256"),
-                         "seconds": round(time.time() - t0, 1), "commit": commit})
+                         "seconds": round(time.time() - t0, 1), "commit": at})
         print(json.dumps(rows[-1]), flush=True)
         out.write_text(json.dumps({"task": a.task, "limit": a.limit, "data": a.data, "commit": first,
                                    "versions": versions(), "rows": rows}, indent=1))

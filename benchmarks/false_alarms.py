@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from make_prompts import main as make_prompts  # noqa: E402
 
 from evalsuite.bench.stats import cp_upper, rule_of_three  # noqa: E402
-from evalsuite.versions import versions  # noqa: E402
+from evalsuite.versions import commit, versions  # noqa: E402
 
 
 def _free_port() -> int:
@@ -67,18 +67,6 @@ def _run_diff(args: list[str], report: Path) -> dict:
             "benign_divergences": r["benign_divergences"], "not_checked": r["not_checked"],
             "conditioning_witness": r.get("conditioning_witness"),
             "wall_s": round(wall, 1), "peak_rss_children_gb": round(usage.ru_maxrss / 2**20, 2)}
-
-
-def _commit() -> str | None:
-    """The checkout's commit (+ "-dirty" with uncommitted changes), or None outside git."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
-        return head + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def summary(chunks: list[dict]) -> dict:
@@ -153,7 +141,8 @@ def _rejudge(a, done: dict, lines: list[str], reports: Path, out: Path, settings
               file=sys.stderr, flush=True)
         r = _run_diff(["--model", a.model, "--dtype", a.dtype, "--prompts", str(part), "--max-new-tokens",
                        str(a.max_new_tokens), *_no_build(a.dtype)], reports / f"rejudge-{a.dtype}-{ch['first']}")
-        ch["rejudged"] = {"commit": _commit(), "how": "the whole chunk again, in the batches it was first run in", **r}
+        ch["rejudged"] = {"commit": commit(ROOT), "how": "the whole chunk again, in the batches it was first run in",
+                          **r}
         print(f"  {r['verdict']}, {len(r['flagged'])} flagged", file=sys.stderr, flush=True)
         _write(out, settings, done)
     print(json.dumps(summary([v for v in done.values() if v["mode"] == "in-process"]), indent=1))
@@ -203,7 +192,7 @@ def main(argv=None) -> int:
             return 2
         return _rejudge(a, done, lines, reports, out, settings)
     server = Server(a.model, a.dtype)
-    commit = _commit()  # per chunk: a run resumed over several sessions may span commits
+    at = commit(ROOT)  # per chunk: a run resumed over several sessions may span commits
     t0 = time.time()
     try:
         for mode in modes:
@@ -219,7 +208,7 @@ def main(argv=None) -> int:
                     args += ["--engine", "openai", "--base-url", server.start()]
                 print(f"[{time.strftime('%H:%M:%S')}] {mode} {a.dtype}: prompts {c + 1}-{c + a.chunk}", file=sys.stderr,
                       flush=True)
-                done[key] = {"mode": mode, "first": c, "commit": commit,
+                done[key] = {"mode": mode, "first": c, "commit": at,
                              **_run_diff(args, reports / f"{mode}-{a.dtype}-{c}")}
                 r = done[key]
                 print(f"  {r['verdict']}, {len(r['flagged'])} flagged, {r['wall_s']} s", file=sys.stderr, flush=True)

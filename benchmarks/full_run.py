@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from evalsuite.versions import commit
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -59,8 +61,7 @@ def main(argv=None) -> int:
         print(f"error: shards must be 0..{n - 1} of --shards {n}", file=sys.stderr)
         return 2
     work, results = Path(a.work or f"runs/full-{a.task}"), Path(a.results)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or None
+    at = commit(ROOT)
     extra = (["--variant", a.variant] if a.variant else []) + (["--limit", str(a.limit)] if a.limit else [])
     for i in todo:
         if (results / f"s{i}" / "comparison.json").is_file():
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
             print(e.stderr.strip(), file=sys.stderr)
             return e.returncode
         r = json.loads(out)
-        meta = {"shard": f"{i}/{n}", "commit": commit, "wall_s": round(time.time() - t0, 1),
+        meta = {"shard": f"{i}/{n}", "commit": at, "wall_s": round(time.time() - t0, 1),
                 "peak_rss_gb": peak_gb, "cpu_s_of_run": cpu_s,
                 "verdict_of_this_share": r["verdict"], "items": r["items"],
                 "accuracy": {k: v["accuracy"] for k, v in r["engines"].items()}}

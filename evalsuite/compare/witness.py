@@ -77,7 +77,7 @@ class OrderSpread:
         seq, n = list(prompt) + list(rg.token_ids), len(rg.token_ids)
         out = []
         for seed in ORDER_SEEDS:
-            eng = self.kept[seed] if seed in self.kept else self.build(seed)
+            eng = self.kept.get(seed) or self.build(seed)
             if self.keep:
                 self.kept[seed] = eng
             # one full forward over prompt + the reference's tokens, the logits that predict each token (the score

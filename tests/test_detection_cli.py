@@ -1,0 +1,54 @@
+"""benchmarks/detection.py's --recheck-evalsuite: bad input stops in one line (exit 2) before any model loads and
+leaves the table as it was; a re-checked catch that moved is shown beside the old one."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "detection.py"
+
+
+@pytest.fixture(scope="module")
+def detection():
+    spec = importlib.util.spec_from_file_location("detection_bench", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _table(path: Path, **settings) -> str:
+    doc = {"prompts": 64, "order_seed": 0, "max_new_tokens": 32, "dtype": "float32", "rows": []} | settings
+    path.write_text(json.dumps(doc))
+    return path.read_text()
+
+
+@pytest.mark.parametrize("case, why", [
+    ("with_resume", "goes alone"),
+    ("missing", "does not exist"),
+    ("other_settings", "other settings"),
+    ("not_json", "is not a detection table"),
+    ("no_rows", "is not a detection table"),
+])
+def test_recheck_refuses_bad_input_in_one_line(detection, tmp_path, capsys, case, why):
+    out = tmp_path / "t.json"
+    before = {"with_resume": lambda: _table(out), "missing": lambda: None,
+              "other_settings": lambda: _table(out, prompts=32),  # a table run with 32 prompts, rechecked at 64
+              "not_json": lambda: out.write_text("{half") and out.read_text(),
+              "no_rows": lambda: out.write_text("[]") and out.read_text()}[case]()
+    argv = ["--out", str(out), "--recheck-evalsuite"] + (["--resume"] if case == "with_resume" else [])
+    assert detection.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert why in err and "\n" not in err and "Traceback" not in err
+    assert (out.read_text() if out.exists() else None) == before  # nothing written over
+
+
+def test_a_moved_catch_shows_the_old_one(detection):
+    row = {"fault": "attn_scale", "dtype": "bfloat16", "model": "m",
+           "first_caught": {r: None for r in detection.RULES}, "prompts_taken": 64}
+    moved = {**row, "first_caught": {**row["first_caught"], "evalsuite": 8},
+             "evalsuite_recheck": {"before": 3}}
+    same = {**moved, "evalsuite_recheck": {"before": 8}}
+    lines = detection.table([moved, same]).splitlines()[2:]
+    assert "| 8 (was 3) |" in lines[0] and "(was" not in lines[1] and "| 8 |" in lines[1]
