@@ -209,12 +209,13 @@ def float32_catches(bf16: dict, path: str) -> dict:
 
 
 def recheck(doc: dict, out: Path, names: list[str], a, progress) -> int:
-    """Re-run evalsuite's column of a committed table under today's rule: the rows it caught (a "-" cannot turn
-    into a catch by the witnesses, which only clear flags; the faithful rows' false alarms are the 1,000-prompt
-    runs' job). Each row keeps its old catch under "evalsuite_recheck" beside the new one."""
+    """Re-run evalsuite's column of a committed table under today's rule: in float32 the rows it caught (a "-"
+    cannot turn into a catch there: the witness only clears flags); in bfloat16 every fault's row, since the drift
+    and logit-scale checks can add a catch. The faithful rows' false alarms are the 1,000-prompt runs' job. Each row
+    keeps its old catch under "evalsuite_recheck" beside the new one."""
     at = commit(Path(__file__).resolve().parent)
-    todo = [r for r in doc["rows"] if r["fault"] in names and r["first_caught"]["evalsuite"] is not None
-            and "evalsuite_recheck" not in r]  # a killed recheck continues where it stopped
+    todo = [r for r in doc["rows"] if r["fault"] in names and "evalsuite_recheck" not in r  # a killed one resumes
+            and (r["first_caught"]["evalsuite"] is not None or a.dtype != "float32")]
     t0 = time.time()
     for model_name in (a.model, a.moe_model):
         group = [r for r in todo if r["model"] == model_name]
@@ -256,7 +257,7 @@ def main(argv=None) -> int:
                          "'evalsuite + float32 build' column (what a bf16 `diff` reports)")
     ap.add_argument("--recheck-evalsuite", action="store_true",
                     help="re-run only evalsuite's column of --out under today's rule (its witnesses, drift and scale "
-                         "checks), for the faults it caught; each stops at evalsuite's catch. The peers' columns are "
+                         "checks), for the faults it caught (in bfloat16 all faults); each stops at evalsuite's catch. The peers' columns are "
                          "kept: their rules are unchanged")
     a = ap.parse_args(argv)
     if a.recheck_evalsuite and (a.resume or a.table_only):
