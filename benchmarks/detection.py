@@ -257,8 +257,8 @@ def main(argv=None) -> int:
                          "'evalsuite + float32 build' column (what a bf16 `diff` reports)")
     ap.add_argument("--recheck-evalsuite", action="store_true",
                     help="re-run only evalsuite's column of --out under today's rule (its witnesses, drift and scale "
-                         "checks), for the faults it caught (in bfloat16 all faults); each stops at evalsuite's catch. The peers' columns are "
-                         "kept: their rules are unchanged")
+                         "checks), for the faults it caught (in bfloat16 all faults); each stops at evalsuite's "
+                         "catch. The peers' columns are kept: their rules are unchanged")
     a = ap.parse_args(argv)
     if a.recheck_evalsuite and (a.resume or a.table_only):
         print("error: --recheck-evalsuite goes alone (not with --resume or --table-only)", file=sys.stderr)
