@@ -169,6 +169,45 @@ class Generation:
                       np.asarray(self.top_logprobs, np.float64))
 
 
+# ---- which code paths ran ------------------------------------------------------------------------
+# The paths of a batched, continuously batching engine that a check must drive to claim them checked (a bug
+# in one is invisible to every prompt that does not take it). Engines declare the ones they have
+# (Engine.paths); engines/loop.py and the engine's own steps record each one as it runs (PathLog).
+PATHS = {
+    "prefill_split": "an admission of prompts prefilled in two or more calls (long prompts past the prefill "
+                     "token budget)",
+    "refill": "a prompt prefilled into a live batch (continuous batching)",
+    "refill_group": "two or more prompts prefilled into a live batch at once",
+    "shrink": "the batch shrank to its live rows",
+    "finish_mid_batch": "a row finished (stop id, stop check or budget) while others decoded on",
+    "stop": "a row ended by a stop id or stop check, not its token budget",
+    "shared_prefix": "a prefix every prompt of a call shares, prefilled once and reused",
+    "shared_prefix_unaligned": "a shared prefix whose length is not a power of two",
+    "multi_tile": "a decode step's attention over two or more cache tiles",
+    "teacher_forced": "tokens fed by decode steps along given continuations",
+}
+
+
+@dataclass
+class PathLog:
+    """Which of an engine's code paths ran (names of PATHS, counted) and the shapes its steps took (e.g.
+    "decode_window" -> {128, 256}): what a check can say it drove, reported by the engine itself."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    shapes: dict[str, set] = field(default_factory=dict)
+
+    def hit(self, name: str, n: int = 1) -> None:
+        assert name in PATHS, name
+        self.counts[name] = self.counts.get(name, 0) + n
+
+    def shape(self, name: str, value: int) -> None:
+        self.shapes.setdefault(name, set()).add(int(value))
+
+    def snapshot(self) -> dict:
+        """{"counts": {path: n}, "shapes": {name: sorted values}} (a copy)."""
+        return {"counts": dict(self.counts), "shapes": {k: sorted(v) for k, v in self.shapes.items()}}
+
+
 # ---- what an engine can show ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Capabilities:
@@ -200,6 +239,28 @@ class Capabilities:
                  "forced": self.forced, "stop_strings": self.stop_strings}
         return {n: {"ok": v, "detail": "declared by the engine"} for n, v in flags.items()} | {
             "forced_path": {"ok": True, "detail": self.forced_path}}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Where an engine in bfloat16 mode rounds (its declared numeric recipe). The judge runs the reference in
+    the same recipe, so a bf16 engine is compared with like, not only with float32. Matrices are stored in
+    bfloat16 and every matmul rounds its input to bfloat16 and accumulates in float32; norms, biases, RoPE,
+    softmax and the values named float32 below stay float32."""
+
+    f32_weights: tuple[str, ...] = ()  # weight arrays kept float32 besides norms and biases (e.g. "router")
+    kv_cache: str = "float32"  # what a written K/V slot is rounded to
+    residual: str = "float32"  # what the residual stream is rounded to after each add
+
+    def __post_init__(self):
+        for name in ("kv_cache", "residual"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(f"Recipe.{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
+
+    def describe(self) -> dict:
+        return {"weights_and_matmul_inputs": "bfloat16", "accumulation": "float32",
+                "f32_weights": ["norms", "biases", *self.f32_weights], "kv_cache": self.kv_cache,
+                "residual": self.residual}
 
 
 @dataclass(frozen=True)
@@ -238,6 +299,12 @@ class Engine(abc.ABC):
     # it a whole task's prompts in one call (the engine batches them as it likes: continuous batching)
     # and journals each answer as it comes. False: evalsuite sends max_batch prompts per call.
     streams_results: ClassVar[bool] = False
+    # bfloat16 mode's numeric recipe (Recipe): None, undeclared, and a bf16 check then compares the engine with
+    # float32 and the reference's default recipe only
+    recipe: Recipe | None = None
+    # the PATHS this engine has; each one it records in path_log() as it runs. () : it reports none (a server,
+    # a plugin that does not say), and checks then say which of its paths ran is unknown
+    paths: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     @abc.abstractmethod
@@ -270,10 +337,17 @@ class Engine(abc.ABC):
         mesh's axis sizes and the weight bytes this process holds against the whole. None: one device."""
         return None
 
+    def path_log(self) -> PathLog | None:
+        """The paths this engine ran since it was built (PATHS), or None: it does not report them."""
+        return None
+
     def score(self, seqs: Sequence[Sequence[int]], want_taps: bool = False) -> list[Scored]:
         raise ModelError(f"engine {self.name} offers no full-vocabulary logits")
 
-    def step_taps(self, prompts: Sequence[Sequence[int]], next_ids: Sequence[int]) -> np.ndarray:
+    def step_taps(self, prompts: Sequence[Sequence[int]], next_ids: Sequence[int], decoded: int = 0) -> np.ndarray:
+        """[rows, L, D]: the residual stream after each layer at one decode step on next_ids after prompts; the
+        last `decoded` tokens of each prompt are fed by decode steps first (so the cache they read was written
+        by the decode path, as in generation), the rest prefilled."""
         raise ModelError(f"engine {self.name} offers no per-layer taps")
 
 

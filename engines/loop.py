@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from engines.base import Forced, Generation, next_bucket, next_pow2
+from engines.base import Forced, Generation, PathLog, next_bucket, next_pow2
 
 MIN_PREFILL_BUCKET = 16  # prefill lengths round up to powers of two from here: few compilations
 # Padded prefill tokens (rows x bucketed length) per call. Prefill attention holds [rows, heads, T, T]
@@ -103,10 +103,27 @@ def stream_slots(prompts: Sequence[Sequence[int]], max_new: int, prefix_len: int
     return slots_for(max(next_bucket(longest, MIN_PREFILL_BUCKET), longest + max_new))
 
 
+def _log_prefix(log: PathLog | None, P: int) -> None:
+    if log is not None and P:
+        log.hit("shared_prefix")
+        log.shape("shared_prefix_length", P)
+        if P & (P - 1):
+            log.hit("shared_prefix_unaligned")
+
+
+def _log_finished(log: PathLog | None, finished: int, stopped: int, live_after: int) -> None:
+    """finished rows this step (stopped of them by a stop id or check) while live_after rows decode on."""
+    if log is not None and finished:
+        if stopped:
+            log.hit("stop", stopped)
+        if live_after:
+            log.hit("finish_mid_batch", finished)
+
+
 def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,
                  stop: set[int], k: int, want_logits: bool, extend: Callable | None = None,
                  prefix_len: int = 0, stop_check: Callable | None = None,
-                 shrink: Callable | None = None) -> list[Generation]:
+                 shrink: Callable | None = None, log: PathLog | None = None) -> list[Generation]:
     """Greedy decode of one batch. With extend and prefix_len > 0 (the prompts' shared prefix), only
     each row's own suffix is prefilled: extend(prefix, suffix tokens, suffix lengths, slots, k,
     want_logits) starts from the prefix's cached K/V (computed once by the engine).
@@ -119,6 +136,7 @@ def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence
         S = stream_slots(prompts, max_new, P)
         nxt, ti, tv, lg, state = extend(tuple(int(t) for t in prompts[0][:P]), tokens, lengths, S, k, want_logits)
         pos = lengths + P
+        _log_prefix(log, P)
     else:
         tokens, lengths, S = pad(prompts, max_new)
         nxt, ti, tv, lg, state = prefill(tokens, lengths, S, k, want_logits)
@@ -132,6 +150,7 @@ def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence
     for step in range(max_new):
         nxt_h, ti_h, tv_h = np.asarray(nxt), np.asarray(ti), np.asarray(tv)
         lg_h = np.asarray(lg) if want_logits else None
+        was_done = sum(done)
         for s, r in enumerate(slot_row):
             if r is None or done[r]:
                 continue
@@ -141,10 +160,14 @@ def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence
             if want_logits:
                 logits[r].append(lg_h[s])
             done[r] = int(nxt_h[s]) in stop or bool(stop_check and stop_check(ids[r]))
+        if step < max_new - 1:
+            _log_finished(log, sum(done) - was_done, sum(done) - was_done, n - sum(done))
         if all(done) or step == max_new - 1:
             break
         live = [s for s, r in enumerate(slot_row) if r is not None and not done[r]]
         if shrink is not None and len(live) <= len(slot_row) // 2:
+            if log is not None:
+                log.hit("shrink")
             B = next_pow2(len(live))
             keep = np.array(live + [live[0]] * (B - len(live)), np.int32)  # padding repeats a live row
             state = shrink(state, keep)
@@ -162,7 +185,7 @@ def greedy_stream(prefill: Callable, decode: Callable, prompts: Sequence[Sequenc
                   stop: set[int], k: int, want_logits: bool, max_rows: int, insert: Callable,
                   extend: Callable | None = None, prefix_len: int = 0, stop_check: Callable | None = None,
                   shrink: Callable | None = None, on_result: Callable | None = None,
-                  invariant: bool = False) -> list[Generation]:
+                  invariant: bool = False, log: PathLog | None = None) -> list[Generation]:
     """Greedy decode of every prompt with continuous batching: up to max_rows rows decode together and a
     finished row's place goes to the next waiting prompt, so one long answer holds up one row, not a
     batch. Waiting prompts are prefilled (their shared prefix_len tokens through extend, as in
@@ -185,6 +208,7 @@ def greedy_stream(prefill: Callable, decode: Callable, prompts: Sequence[Sequenc
     logits: list[list] = [[] for _ in range(n)]
     stopped = [False] * n
     out: list[Generation | None] = [None] * n
+    _log_prefix(log, P)
 
     def record(s: int, tok: int, ti, tv, lg) -> None:
         r = slot_row[s]
@@ -205,7 +229,10 @@ def greedy_stream(prefill: Callable, decode: Callable, prompts: Sequence[Sequenc
         nonlocal state
         free = [s for s in range(B) if slot_row[s] is None]
         take = [pending.popleft() for _ in range(min(len(free), len(pending)))]
-        for idx in batches([len(prompts[i]) - P for i in take], 1 if invariant else len(take)):
+        calls = batches([len(prompts[i]) - P for i in take], 1 if invariant else len(take))
+        if log is not None and len(calls) > 1:
+            log.hit("prefill_split")
+        for idx in calls:
             rows = [take[j] for j in idx]
             if P:
                 tokens, lengths, _ = pad([prompts[i][P:] for i in rows], max_new)
@@ -216,6 +243,12 @@ def greedy_stream(prefill: Callable, decode: Callable, prompts: Sequence[Sequenc
                 nx, ti, tv, lg, rows_state = prefill(tokens, lengths, S, k, want_logits)
             m, R = len(rows), len(lengths)
             where, free = free[:m], free[m:]
+            if log is not None:
+                log.shape("prefill_bucket", tokens.shape[1])
+                if state is not None:  # into a batch that has run: a refill
+                    log.hit("refill", m)
+                    if m >= 2:
+                        log.hit("refill_group")
             state = insert(state, rows_state, np.array(where + [where[-1]] * (R - m), np.int32),
                            np.array(list(range(m)) + [m - 1] * (R - m), np.int32), B, S)
             nx_h, ti_h, tv_h = np.asarray(nx), np.asarray(ti), np.asarray(tv)
@@ -234,6 +267,8 @@ def greedy_stream(prefill: Callable, decode: Callable, prompts: Sequence[Sequenc
                 break
             continue
         if not pending and shrink is not None and not invariant and len(live) <= B // 2:
+            if log is not None:
+                log.hit("shrink")
             B = next_pow2(len(live))
             keep = np.array(live + [live[0]] * (B - len(live)), np.int32)  # padding repeats a live row
             state = shrink(state, keep)
@@ -245,19 +280,25 @@ def greedy_stream(prefill: Callable, decode: Callable, prompts: Sequence[Sequenc
         pos[live] += 1
         nx_h, ti_h, tv_h = np.asarray(nx), np.asarray(ti), np.asarray(tv)
         lg_h = np.asarray(lg) if want_logits else None
+        was = sum(stopped), sum(o is not None for o in out)
         for s in live:
             nxt[s] = nx_h[s]
             record(s, nx_h[s], ti_h[s], tv_h[s], lg_h[s] if want_logits else None)
+        _log_finished(log, sum(o is not None for o in out) - was[1], sum(stopped) - was[0],
+                      sum(r is not None for r in slot_row) + len(pending))
     return out  # type: ignore[return-value]
 
 
 def forced_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]],
-                 continuations: Sequence[Sequence[int]], shrink: Callable | None = None) -> list[np.ndarray]:
+                 continuations: Sequence[Sequence[int]], shrink: Callable | None = None,
+                 log: PathLog | None = None) -> list[np.ndarray]:
     """Per row logits [N, V]: row j predicts continuation[j] from prompt + continuation[:j].
     With shrink(state, keep) (the engine's gather of cache rows), a prompt that several rows share (a
     multiple-choice question's context, once per choice) is prefilled once and its cache row copied."""
     n = len(prompts)
     n_max = max(len(x) for x in continuations)
+    if log is not None:
+        log.hit("teacher_forced")
     first: dict[tuple, int] = {}
     owner = [first.setdefault(tuple(p), len(first)) for p in prompts]  # row -> its unique prompt
     if shrink is not None and len(first) < n:
@@ -284,7 +325,8 @@ def greedy_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[i
                stop_ids: Sequence[int], k: int, want_logits: bool, max_rows: int,
                extend: Callable | None = None, stop_check: Callable | None = None,
                shrink: Callable | None = None, insert: Callable | None = None,
-               on_result: Callable | None = None, invariant: bool = False) -> list[Generation]:
+               on_result: Callable | None = None, invariant: bool = False,
+               log: PathLog | None = None) -> list[Generation]:
     """Every prompt, greedily: with insert (the engine's cache-row write), by greedy_stream's continuous
     batching; without, by greedy_batch in calls bounded by max_rows and the prefill token budget
     (on_result then called per call). When the engine offers extend and the prompts share a prefix of
@@ -297,11 +339,11 @@ def greedy_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[i
     stop = {int(s) for s in stop_ids}
     if insert is not None:
         return greedy_stream(prefill, decode, prompts, max_new, stop, k, want_logits, max_rows, insert, extend, P,
-                             stop_check, shrink, on_result, invariant)
+                             stop_check, shrink, on_result, invariant, log)
     out: list[Generation] = []
     for idx in batches([len(p) - P for p in prompts], max_rows):
         gens = greedy_batch(prefill, decode, [prompts[i] for i in idx], max_new, stop, k, want_logits, extend, P,
-                            stop_check, shrink)
+                            stop_check, shrink, log)
         out.extend(gens)
         for i, g in zip(idx, gens):
             if on_result is not None:
@@ -311,12 +353,12 @@ def greedy_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[i
 
 def forced_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]],
                continuations: Sequence[Sequence[int]], max_rows: int,
-               shrink: Callable | None = None) -> list[np.ndarray]:
+               shrink: Callable | None = None, log: PathLog | None = None) -> list[np.ndarray]:
     """forced_batch over every prompt, in calls bounded by max_rows and the prefill token budget."""
     out: list[np.ndarray] = []
     for idx in batches([len(p) for p in prompts], max_rows):
         out.extend(forced_batch(prefill, decode, [prompts[i] for i in idx], [continuations[i] for i in idx],
-                                shrink))
+                                shrink, log))
     return out
 
 

@@ -188,6 +188,12 @@ _REORDERED_AXES = {
 _UNORDERED = ("q_norm", "k_norm", "bq", "bk", "bv", "sinks", "router_bias")
 
 
+def hidden_permutation(c: Config, seed: int) -> np.ndarray:
+    """The order permuted(w, seed) gives the hidden dimension: its residual stream's element i is the original's
+    element perm[i] (the first permutation drawn there)."""
+    return np.random.default_rng(seed).permutation(c.hidden)
+
+
 def permuted(w: Weights, seed: int) -> Weights:
     """The same model with its hidden and MLP dimensions reordered by a seeded permutation: equal to w in exact
     arithmetic (every op over those dimensions is a sum or elementwise), but every matmul and norm over them sums

@@ -17,6 +17,8 @@ from engines.base import (
     EngineOptions,
     Forced,
     Generation,
+    PathLog,
+    Recipe,
     Scored,
     check_prompts,
     flag_option,
@@ -35,7 +37,14 @@ from engines.loop import (
     pad,
 )
 from engines.megakernel import ops
-from engines.megakernel.faults import BY_NAME, FAULTS, FINAL_NORM_EPS_FAULT, LOOP_FAULTS, ROPE_THETA_FAULT
+from engines.megakernel.faults import (
+    BY_NAME,
+    FAULTS,
+    FINAL_NORM_EPS_FAULT,
+    HEAD_FAULTS,
+    LOOP_FAULTS,
+    ROPE_THETA_FAULT,
+)
 from engines.megakernel.kernel import KernelSpec, attn_keys, decode_layers, dense_keys, moe_keys
 from engines.megakernel.prefill import prefill_hidden
 from engines.weights import Weights
@@ -44,8 +53,11 @@ F32 = jnp.float32
 MAX_BATCH = 8  # the kernel's rows per call (each row at its own position)
 ATTN_TILE = 128  # cache positions per online-softmax step (or all slots when fewer)
 INTERPRET_MODES = ("generic", "tpu")
-ENGINE_FAULTS = FAULTS + LOOP_FAULTS  # the catalogue: engines/megakernel/faults.py
+ENGINE_FAULTS = FAULTS + HEAD_FAULTS + LOOP_FAULTS  # the catalogue: engines/megakernel/faults.py
 KEEP_F32 = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "router", "router_bias")  # tiny, precision-critical
+# bfloat16 mode as declared to the judge: bf16 matrices and matmul inputs, f32 accumulation, and the router, the
+# residual stream and the KV cache in float32 (the norms and the router bias are float32 in every recipe)
+BF16_RECIPE = Recipe(f32_weights=("router",))
 
 
 def tpu_interpret_params() -> pltpu.InterpretParams:
@@ -126,11 +138,14 @@ class _Programs:
     def _logits(self, w, x, eps=None):
         return ops.mm(ops.rmsnorm(x, w["final_norm"], self.config.rms_eps if eps is None else eps), w["head_t"])
 
-    @staticmethod
-    def _pick(logits, k, want_logits):
+    def _pick(self, logits, k, want_logits):
         z = logits - jnp.max(logits, axis=-1, keepdims=True)
         logp = z - jnp.log(jnp.sum(jnp.exp(z), axis=-1, keepdims=True))
         top_v, top_i = jax.lax.top_k(logp, k)
+        if self.fault == "topk_renormalized":  # log-softmax over the k ids instead of the vocabulary
+            top_v = top_v - jax.nn.logsumexp(top_v, axis=-1, keepdims=True)
+        if self.fault == "topk_ids_swapped" and k >= 3:  # ranks 2 and 3 carry each other's ids
+            top_i = top_i.at[:, 1:3].set(top_i[:, 2:0:-1])
         return jnp.argmax(logits, axis=-1).astype(jnp.int32), top_i, top_v, (logits if want_logits else None)
 
     def _prefill_impl(self, w, tokens, lengths, slots):
@@ -152,8 +167,8 @@ class _Programs:
         window = window or slots
         # invariant: one tiling for every window (generate's windows are all multiples of MIN_WINDOW)
         tile = min(MIN_WINDOW if self.batch_invariant else ATTN_TILE, window)
-        return KernelSpec(self.config, batch, slots, tile, window, self.fault, self.fault_layer,
-                          self.n_buffers, want_taps, self.interpret)
+        return KernelSpec(self.config, batch, slots, tile, window, self.fault if self.fault in FAULTS else None,
+                          self.fault_layer, self.n_buffers, want_taps, self.interpret)
 
     def _decode_impl(self, w, ids, pos, kc, vc, want_taps=False, window=None):
         """The kernel step: hidden states after the last layer [B, D], the updated caches, taps."""
@@ -176,6 +191,8 @@ class MegakernelEngine(Engine):
     faults = ENGINE_FAULTS
 
     options = ("batch_invariant",)
+    paths = ("prefill_split", "refill", "refill_group", "shrink", "finish_mid_batch", "stop", "shared_prefix",
+             "shared_prefix_unaligned", "multi_tile", "teacher_forced")
 
     @classmethod
     def create(cls, model, options: EngineOptions) -> MegakernelEngine:
@@ -203,6 +220,7 @@ class MegakernelEngine(Engine):
         self.name = "megakernel"
         use_compile_cache()
         self.dtype, self.fault, self.weights_sha256 = dtype, fault, weights.sha256
+        self.recipe = BF16_RECIPE if dtype == "bfloat16" else None
         self.fault_layer = c.n_layers // 2 if fault_layer is None else fault_layer
         self.n_buffers = n_buffers
         self.batch_invariant = batch_invariant
@@ -219,12 +237,20 @@ class MegakernelEngine(Engine):
         # of memory after a handful of shapes.
         self.w = {"hbm": self.hbm, "embed": self.embed, "head_t": self.head_t,
                   "final_norm": self.final_norm, "rope": self.rope, "rope_decode": self.rope_decode}
-        programs = _programs(c, fault, self.fault_layer, n_buffers, interpret, batch_invariant)
+        # the host-side faults leave every jitted program as the faithful engine's, and share it
+        programs = _programs(c, None if fault in LOOP_FAULTS else fault, self.fault_layer, n_buffers, interpret,
+                             batch_invariant)
         self.interpret = programs.interpret  # one InterpretParams per spec, as the programs use it
         for name, fn in programs.jitted.items():
             setattr(self, name, fn)
         self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its K/V [L, 1, K, P, hd])
         self.share_prefix = True  # False: every row prefilled in full (the benchmark's ablation)
+        self._paths = PathLog()
+        if batch_invariant:  # one shape whatever the batch: every prompt prefilled alone, no shrink, no shared prefix
+            self.paths = ("refill", "finish_mid_batch", "stop", "multi_tile", "teacher_forced")
+
+    def path_log(self) -> PathLog:
+        return self._paths
 
     def _rope_tables(self, theta: float) -> dict:
         c = self.config
@@ -273,16 +299,24 @@ class MegakernelEngine(Engine):
             ptoks = np.zeros((1, next_pow2(P, MIN_PREFILL_BUCKET)), np.int32)
             ptoks[0, :P] = prefix
             kc, vc = self._prefix_kv(self.w, jnp.asarray(ptoks))
-            self._prefix = (prefix, (kc[:, :, :, :P], vc[:, :, :, :P]))
+            keep = ptoks.shape[1] if self.fault == "prefix_padded" else P  # the fault: the bucket, not the length
+            self._prefix = (prefix, (kc[:, :, :, :keep], vc[:, :, :, :keep]))
         x, kc, vc = self._extend(self.w, *self._prefix[1], jnp.asarray(tokens), jnp.asarray(lengths), slots=slots)
         return (*self._head(self.w, x, k=k, want_logits=want_logits, decode=False), (kc, vc))
 
     def _decode_step(self, ids, positions, state, k, want_logits):
-        x, kc, vc, _ = self._decode(self.w, jnp.asarray(ids), jnp.asarray(positions), *state,
-                                    window=attention_window(positions, state[0].shape[3]))
+        window = attention_window(positions, state[0].shape[3])
+        tiles = window // min(MIN_WINDOW if self.batch_invariant else ATTN_TILE, window)
+        self._paths.shape("decode_window", window)
+        self._paths.shape("attention_tiles", tiles)
+        if tiles >= 2:
+            self._paths.hit("multi_tile")
+        x, kc, vc, _ = self._decode(self.w, jnp.asarray(ids), jnp.asarray(positions), *state, window=window)
         return (*self._head(self.w, x, k=k, want_logits=want_logits, decode=True), (kc, vc))
 
     def _shrink_step(self, state, keep):
+        if self.fault == "shrink_wrong_rows":  # the first rows kept, not the live ones
+            keep = np.arange(len(keep), dtype=np.int32)
         return self._gather(*state, jnp.asarray(keep))
 
     def _insert_step(self, state, rows, where, src, batch, slots):
@@ -290,6 +324,9 @@ class MegakernelEngine(Engine):
         if state is None:
             shape = (self.config.n_layers, batch, self.config.n_kv_heads, slots, self.config.head_dim)
             state = (jnp.zeros(shape, F32), jnp.zeros(shape, F32))
+        elif self.fault == "refill_wrong_row":  # a refill of m >= 2 rows: each gets the next prompt's cache
+            m = len(np.unique(src))
+            src = np.concatenate([np.roll(src[:m], -1), src[m:]]).astype(np.int32)
         return self._put(*state, *rows, jnp.asarray(where), jnp.asarray(src))
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
@@ -303,30 +340,36 @@ class MegakernelEngine(Engine):
         return greedy_all(self._prefill_step, decode, prompts, max_new_tokens, stop_ids, top_k,
                           want_logits, MAX_BATCH, extend=self._extend_step if self.share_prefix else None,
                           stop_check=stop_check, shrink=shrink, insert=self._insert_step, on_result=on_result,
-                          invariant=self.batch_invariant)
+                          invariant=self.batch_invariant, log=self._paths)
 
     def decode_forced(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Prefill (XLA), then every continuation token through the kernel; logits [N, V] per row."""
         self._check([list(p) + list(x) for p, x in zip(prompts, continuations)], 1)
         return forced_all(self._prefill_step, self._decode_step, prompts, continuations, MAX_BATCH,
-                          shrink=self._shrink_step)
+                          shrink=self._shrink_step, log=self._paths)
 
     def forced_topk(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], k: int = 5,
                     want_logits: bool = False) -> list[Forced]:
         """Every continuation token scored by a kernel step (engines.loop.forced_from_decode)."""
         return forced_from_decode(self.decode_forced, prompts, continuations, k, want_logits)
 
-    def step_taps(self, prompts: Sequence[Sequence[int]], next_ids: Sequence[int]) -> np.ndarray:
-        """Prefill each prompt, then run ONE kernel step on next_ids with taps on.
+    def step_taps(self, prompts: Sequence[Sequence[int]], next_ids: Sequence[int], decoded: int = 0) -> np.ndarray:
+        """Prefill each prompt but its last `decoded` tokens (XLA), feed those by kernel steps, then run ONE
+        kernel step on next_ids with taps on, every step over the window generation would read.
         Returns [rows, L, D]: the residual stream after each layer at the new position."""
         self._check([list(p) + [t] for p, t in zip(prompts, next_ids)], 1)
+        if any(len(p) <= decoded for p in prompts):
+            raise ModelError(f"step_taps: decoded={decoded} needs every prompt longer than that")
         n = len(prompts)
-        tokens, lengths, S = pad(prompts, 1)
-        ids = np.zeros(len(lengths), np.int32)
-        ids[:n] = next_ids
+        tokens, lengths, S = pad([list(p[:len(p) - decoded]) for p in prompts], decoded + 1)
         _, kc, vc = self._prefill(self.w, jnp.asarray(tokens), jnp.asarray(lengths), slots=S)
-        *_, taps = self._decode(self.w, jnp.asarray(ids), jnp.asarray(lengths), kc, vc, want_taps=True)
+        for j in range(decoded + 1):
+            ids = np.zeros(len(lengths), np.int32)
+            ids[:n] = [p[len(p) - decoded + j] for p in prompts] if j < decoded else next_ids
+            pos = lengths + j
+            *_, kc, vc, taps = self._decode(self.w, jnp.asarray(ids), jnp.asarray(pos), kc, vc,
+                                            want_taps=j == decoded, window=attention_window(pos, S))
         return np.asarray(taps).transpose(1, 0, 2)[:n]
 
 

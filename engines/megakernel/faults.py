@@ -65,18 +65,46 @@ CATALOGUE = tuple(Fault(*f) for f in (
     ("stale_feedback", "from the second decode step on, each row is fed the token sampled one step earlier",
      "a host generation loop that reads the previous step's output buffer (generate() only: teacher-forced "
      "paths feed given tokens)"),
+    ("refill_wrong_row", "rows refilled into a live batch two or more at once each get the cache of the next "
+     "prompt of their prefill call",
+     "a scatter of freshly prefilled rows indexed by the wrong list (continuous batching; one refilled row at a "
+     "time, or the first admission, is right)", "refill"),
+    ("shrink_wrong_rows", "when the batch shrinks, the cache keeps its first rows instead of the live ones",
+     "a shrink that slices the first B rows where it must gather the live ones (right whenever the live rows "
+     "happen to be the first)", "shrink"),
+    ("prefix_padded", "a prompt prefix every row shares is kept at its padded (power-of-two) length",
+     "a cached prefix sliced to its bucket instead of its length: the rows' own tokens land at shifted "
+     "positions (invisible when the prefix length is a power of two)", "prefix"),
+    ("mm_bf16_out", "the attention output projection's matmul result is left in the weights' dtype",
+     "a matmul without an f32 accumulation/output type (a no-op in float32; one extra rounding in bf16)", "bf16"),
+    ("kv_bf16_slot", "the decode step's new K/V slot is rounded to the weights' dtype before it is written",
+     "a cache write cast to the activation dtype in a recipe that keeps the cache in f32 (a no-op in float32)",
+     "bf16"),
+    ("pos_weights_dtype", "the decode step's RoPE position is rounded to the weights' dtype",
+     "a position vector cast with the activations (bf16 holds integers exactly only up to 256)", "bf16 long"),
+    ("topk_renormalized", "the reported top-k logprobs are renormalised over the k ids",
+     "a server that returns top-k log-softmax over the top-k instead of the vocabulary (generate() only)"),
+    ("topk_ids_swapped", "ranks 2 and 3 of the reported top-k carry each other's ids",
+     "top-k ids and values gathered through two different sorts (generate() only: the token and rank 1 are "
+     "right)"),
 ))
 
 BY_NAME = {f.name: f for f in CATALOGUE}
-LOOP_FAULTS = ("stale_feedback",)  # outside the kernel: the host generation loop
-KERNEL_FAULTS = tuple(f.name for f in CATALOGUE if f.name not in LOOP_FAULTS)
+# outside the kernel: the host generation loop, the engine's cache bookkeeping, its prefix cache
+LOOP_FAULTS = ("stale_feedback", "refill_wrong_row", "shrink_wrong_rows", "prefix_padded")
+HEAD_FAULTS = ("topk_renormalized", "topk_ids_swapped")  # the decode and prefill heads' reported top-k
+KERNEL_FAULTS = tuple(f.name for f in CATALOGUE if f.name not in LOOP_FAULTS + HEAD_FAULTS)
 FAULTS = KERNEL_FAULTS  # the names KernelSpec.fault takes
 NORM_EPS_FAULT = 1e-6  # norm_eps: the epsilon a kernel hard-codes (Llama 2's)
 FINAL_NORM_EPS_FAULT = 1e-2  # final_norm_eps
 ROPE_THETA_FAULT = 1.01  # rope_theta: the factor on the base
 
 SHOWS_WITH = {"": "any prompt", "moe": "MoE models", "batch": "batch > 1, rows at different positions",
-              "tiles": "contexts past 128 tokens"}
+              "tiles": "contexts past 128 tokens",
+              "refill": "more prompts than rows, finishing at different steps (refills of two or more rows)",
+              "shrink": "rows finishing at different steps, the live ones not first",
+              "prefix": "prompts sharing a prefix whose length is not a power of two",
+              "bf16": "bfloat16 only", "bf16 long": "bfloat16, contexts past 256 tokens"}
 
 
 def markdown() -> str:

@@ -160,6 +160,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 q = ops.rmsnorm(q.reshape(B * H, hd), b_["q_norm"][...], eps).reshape(B, H * hd)
                 k = ops.rmsnorm(k.reshape(B * K, hd), b_["k_norm"][...], eps).reshape(B, K * hd)
             rpos = pos_v[...] + (1 if f == "rope_off_by_one" else 0)  # [B, 1]
+            if f == "pos_weights_dtype":  # the position cast with the activations (exact in f32; bf16 to 256)
+                rpos = ops.round_to(rpos.astype(F32), b_["wq"].dtype).astype(jnp.int32)
             if f == "rows_pos_swapped" and B > 1:
                 rpos = jnp.concatenate([rpos[1:2], rpos[0:1], rpos[2:]], axis=0)
             q = ops.rope(q, rpos, perm_q[...], freq_q[...])
@@ -170,8 +172,10 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             # The new token's K/V: staged in VMEM for the write-back DMA, and attended to as the
             # last term of the online softmax (the cache tiles cover positions < p only), so the
             # VMEM copy of the cache is never written.
-            newk[pl.ds(l, 1)] = k.reshape(1, B, K, 1, hd)
-            newv[pl.ds(l, 1)] = v.reshape(1, B, K, 1, hd)
+            wdt = b_["wk"].dtype  # kv_bf16_slot: the written slot rounded to the weights' dtype (a no-op in f32)
+            rounded = (lambda a: ops.round_to(a, wdt)) if f == "kv_bf16_slot" else (lambda a: a)
+            newk[pl.ds(l, 1)] = rounded(k).reshape(1, B, K, 1, hd)
+            newv[pl.ds(l, 1)] = rounded(v).reshape(1, B, K, 1, hd)
             # Attention for all rows and kv heads at once, n = B*K groups of G query heads,
             # streaming the cache in tiles of TS positions under an online softmax. The tile loop
             # is static: a traced loop here made the generic interpreter carry (and copy) every
@@ -196,7 +200,10 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             _, lsum, acc = mla
             out = jnp.where(lsum > 0, acc / jnp.maximum(lsum, 1e-30), 0.0)  # [n, G, hd]
             attn_buf[...] = (out.reshape(B, K, G, hd).transpose(0, 2, 1, 3) if gqa_t else out).reshape(B, H * hd)
-            o = ops.mm(attn_buf[...], b_["wo"][...])
+            if f == "mm_bf16_out":  # no f32 output type: the product is rounded to the weights' dtype
+                o = ops.round_to(ops.mm(attn_buf[...], b_["wo"][...]), b_["wo"].dtype)
+            else:
+                o = ops.mm(attn_buf[...], b_["wo"][...])
             if f == "batch_variant":  # split-K when more than one row is live (a free row sits at position 0)
                 half, wo = H * hd // 2, b_["wo"][...]
                 split = ops.mm(attn_buf[:, :half], wo[:half]) + ops.mm(attn_buf[:, half:], wo[half:])

@@ -20,6 +20,15 @@ def mm(a: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.dot(a.astype(w.dtype), w, preferred_element_type=F32)
 
 
+def round_to(x: jax.Array, dtype) -> jax.Array:
+    """x (float32) rounded to dtype's precision, kept in float32: lax.reduce_precision, because XLA may fold an
+    astype pair (or a convert after a dot) away as excess precision. A no-op for float32."""
+    fi = jnp.finfo(dtype)
+    if fi.bits >= 32:
+        return x
+    return jax.lax.reduce_precision(x, exponent_bits=fi.nexp, mantissa_bits=fi.nmant)
+
+
 def rmsnorm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     """x [N, D] float32, w [1, D] float32."""
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
