@@ -91,11 +91,12 @@ def make_engine(name: str, model: Model, dtype: str = "float32", fault: str | No
     return eng
 
 
-def judge(model: Model, dtype: str = "float32", order_seed: int | None = None):
+def judge(model: Model, dtype: str = "float32", order_seed: int | None = None, recipe=None):
     """The reference as a judge (diff's, the golden files', their bf16 recipes), on the global mesh
     (`evalsuite --mesh`): the one place a judge is built, so none is left unsharded. order_seed: the same model
     with its hidden and MLP dimensions permuted (engines.weights.permuted; read whole on the host), so that every
-    sum over them runs in another order: the bf16 witness's other reduction orders (compare/witness.py)."""
+    sum over them runs in another order: the bf16 witness's other reduction orders (compare/witness.py).
+    recipe (engines.base.Recipe, bfloat16): the roundings an engine declared; None, the reference's default."""
     from engines.reference import ReferenceEngine
     from engines.reference.engine import WITNESS_MAX_BYTES
     from engines.weights import permuted
@@ -104,7 +105,7 @@ def judge(model: Model, dtype: str = "float32", order_seed: int | None = None):
         raise ModelError(f"a permuted float32 copy of the weights would take {model.weights.nbytes / 2**30:.1f} GiB "
                          f"(> {WITNESS_MAX_BYTES / 2**30:.0f})")
     weights = model.weights if order_seed is None else permuted(model.weights, order_seed)
-    return ReferenceEngine(weights, dtype, mesh=default_mesh())
+    return ReferenceEngine(weights, dtype, mesh=default_mesh(), recipe=recipe)
 
 
 def describe() -> list[dict]:

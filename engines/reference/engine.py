@@ -17,6 +17,8 @@ from engines.base import (
     EngineOptions,
     Forced,
     Generation,
+    PathLog,
+    Recipe,
     Scored,
     check_prompts,
     next_pow2,
@@ -38,11 +40,11 @@ PER_LAYER_SKIP = ("embed", "lm_head", "final_norm")
 F32_ARRAYS = ("router_bias", "bq", "bk", "bv", "bo", "sinks", "e_gate_b", "e_up_b", "e_down_b")
 
 
-def _device_dtype(name: str, dtype: str):
-    return jnp.float32 if name.endswith("norm") or name in F32_ARRAYS else jnp.dtype(dtype)
+def _device_dtype(name: str, dtype: str, f32_weights: tuple[str, ...] = ()):
+    return jnp.float32 if name.endswith("norm") or name in F32_ARRAYS + f32_weights else jnp.dtype(dtype)
 
 
-def device_params(weights: Weights, dtype: str) -> dict:
+def device_params(weights: Weights, dtype: str, f32_weights: tuple[str, ...] = ()) -> dict:
     """Weights on the device in dtype (norm weights, biases and sinks stay float32).
 
     Stacked per-layer arrays become Python lists of per-layer arrays: XLA on CPU copies a slice of
@@ -51,36 +53,36 @@ def device_params(weights: Weights, dtype: str) -> dict:
     """
     out: dict = {}
     for k, v in weights.arrays.items():
-        dt = _device_dtype(k, dtype)
+        dt = _device_dtype(k, dtype, f32_weights)
         out[k] = (jnp.asarray(v, dtype=dt) if k in PER_LAYER_SKIP
                   else [jnp.asarray(layer, dtype=dt) for layer in v])
     return out
 
 
 @lru_cache(maxsize=16)
-def _programs(c, m) -> dict:
-    """The jitted steps for one (config, mesh), shared by every engine built for them: they read nothing else
+def _programs(c, m, r) -> dict:
+    """The jitted steps for one (config, mesh, recipe), shared by every engine built for them: they read nothing else
     (weights and caches are arguments), and a new engine would otherwise trace them all again (smollm2: 6 s
     for a tiny generate + forced + score on a second engine, 0.x s with them shared)."""
     R = ReferenceEngine
     return {
-        "_score": jax.jit(partial(R._score_impl, c, m), static_argnames="want_taps"),
+        "_score": jax.jit(partial(R._score_impl, c, r, m), static_argnames="want_taps"),
         # Every step is two programs: the model (keyed by shapes) and the head (log-softmax, top-k; keyed
         # by k and want_logits), so a caller's k or want_logits never recompiles the model. On a mesh the
         # steps' caches are sharded and their logits replicated (sharding.constrain_step).
-        "_prefill": jax.jit(sharding.constrain_step(partial(R._prefill_impl, c), m), donate_argnums=(3, 4)),
-        "_decode": jax.jit(sharding.constrain_step(partial(R._decode_impl, c), m), donate_argnums=(3, 4)),
+        "_prefill": jax.jit(sharding.constrain_step(partial(R._prefill_impl, c, r), m), donate_argnums=(3, 4)),
+        "_decode": jax.jit(sharding.constrain_step(partial(R._decode_impl, c, r), m), donate_argnums=(3, 4)),
         "_head": jax.jit(partial(R._pick, mesh=m), static_argnames=("k", "want_logits")),
         "_grow": jax.jit(lambda kc, vc, slots: (
             [jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0))) for x in kc],
             [jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0))) for x in vc]), static_argnames="slots"),
-        "_extend": jax.jit(sharding.constrain_step(partial(R._extend_impl, c), m), donate_argnums=(4, 5)),
+        "_extend": jax.jit(sharding.constrain_step(partial(R._extend_impl, c, r), m), donate_argnums=(4, 5)),
         "_seed": jax.jit(R._seed_impl, static_argnames=("batch", "slots")),
         "_gather": jax.jit(lambda kc, vc, keep: ([x[keep] for x in kc], [x[keep] for x in vc])),
         "_put": jax.jit(lambda kc, vc, rk, rv, where, src: (
             [x.at[where].set(r[src]) for x, r in zip(kc, rk)], [x.at[where].set(r[src]) for x, r in zip(vc, rv)]),
             donate_argnums=(0, 1)),
-        "_f64_forward": jax.jit(partial(R._float64_impl, c)),
+        "_f64_forward": jax.jit(partial(R._float64_impl, c, r)),
     }
 
 
@@ -97,19 +99,26 @@ class ReferenceEngine(Engine):
     max_batch = MAX_BATCH
     streams_results = True  # continuous batching (engines.loop.greedy_stream)
     options = ("mesh",)  # --engine-option mesh=tp=2,dp=2: the weights on a JAX mesh (engines.reference.sharding)
+    paths = ("prefill_split", "refill", "refill_group", "shrink", "finish_mid_batch", "stop", "shared_prefix",
+             "shared_prefix_unaligned", "teacher_forced")
 
     @classmethod
     def create(cls, model, options: EngineOptions) -> ReferenceEngine:
         return cls(model.weights, options.dtype, mesh=options.extra.get("mesh") or None)
 
-    def __init__(self, weights: Weights, dtype: str = "float32", mesh: str | None = None):
-        """mesh: "tp=2,dp=2"-style axis sizes: the weights go onto a JAX mesh (engines.reference.sharding)."""
+    def __init__(self, weights: Weights, dtype: str = "float32", mesh: str | None = None,
+                 recipe: Recipe | None = None):
+        """mesh: "tp=2,dp=2"-style axis sizes: the weights go onto a JAX mesh (engines.reference.sharding).
+        recipe: bfloat16 mode's roundings (engines.base.Recipe; default Recipe(): every matrix in bf16, the
+        router included): the judge runs an engine's declared recipe with it."""
         if dtype not in DTYPES:
             raise ModelError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
         self.name = "reference"
         use_compile_cache()
         self.config = weights.config
         self.dtype = dtype
+        self.recipe = (recipe or Recipe()) if dtype == "bfloat16" else None
+        f32_weights = self.recipe.f32_weights if self.recipe else ()
         self.weights_sha256 = weights.sha256
         self.mesh = None
         self._in = jnp.asarray  # host arrays into the jitted steps
@@ -117,24 +126,29 @@ class ReferenceEngine(Engine):
             self.mesh = sharding.make_mesh(sharding.parse_mesh(mesh), weights.config)
             self._in = partial(sharding.host_input, mesh=self.mesh)
         if self.mesh is not None:  # each device gets its slices (from the files when the weights are lazy)
-            self.params = sharding.place_lazy(as_lazy(weights.arrays), self.mesh, partial(_device_dtype, dtype=dtype),
+            self.params = sharding.place_lazy(as_lazy(weights.arrays), self.mesh,
+                                              partial(_device_dtype, dtype=dtype, f32_weights=f32_weights),
                                               PER_LAYER_SKIP)
         else:
-            self.params = device_params(weights, dtype)
+            self.params = device_params(weights, dtype, f32_weights)
         self._weights = weights
-        for name, fn in _programs(self.config, self.mesh).items():
+        for name, fn in _programs(self.config, self.mesh, self.recipe).items():
             setattr(self, name, fn)
         self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its per-layer K/V)
         self._p64: dict | None = None  # float64 weights, made on the first float64_logits call
         self.share_prefix = True  # False: every row prefilled in full (the benchmark's ablation)
+        self._paths = PathLog()
+
+    def path_log(self) -> PathLog:
+        return self._paths
 
     # ---- jitted pieces -------------------------------------------------------------------------
     @staticmethod
-    def _score_impl(c, mesh, p, tokens, want_taps):
+    def _score_impl(c, r, mesh, p, tokens, want_taps):
         B, T = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         kc = [jnp.zeros((B, c.n_kv_heads, T, c.head_dim), jnp.float32)] * c.n_layers
-        logits, _, _, extra = model.forward(p, c, tokens, positions, kc, kc, want_taps, fresh=True)
+        logits, _, _, extra = model.forward(p, c, tokens, positions, kc, kc, want_taps, fresh=True, recipe=r)
         taps, routing = extra if want_taps else (None, None)
         return (sharding.replicate(logits, mesh), sharding.replicate(taps, mesh),
                 sharding.replicate(routing, mesh) if routing is not None else None)
@@ -148,16 +162,17 @@ class ReferenceEngine(Engine):
         return tuple(sharding.replicate(x, mesh) for x in out)
 
     @classmethod
-    def _prefill_impl(cls, c, p, tokens, lengths, kc, vc):
-        return cls._extend_impl(c, p, tokens, lengths, 0, kc, vc, fresh=True)
+    def _prefill_impl(cls, c, r, p, tokens, lengths, kc, vc):
+        return cls._extend_impl(c, r, p, tokens, lengths, 0, kc, vc, fresh=True)
 
     @classmethod
-    def _extend_impl(cls, c, p, tokens, lengths, start, kc, vc, fresh=False):
+    def _extend_impl(cls, c, r, p, tokens, lengths, start, kc, vc, fresh=False):
         """Prefill suffixes [B, T] at positions start.. over a cache already holding the prefix
         (fresh: start is 0 and the cache is empty). Returns each row's last logits [B, V] and the caches."""
         B, T = tokens.shape
         positions = start + jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        last, kc, vc, _ = model.forward(p, c, tokens, positions, kc, vc, logit_index=lengths - 1, fresh=fresh)
+        last, kc, vc, _ = model.forward(p, c, tokens, positions, kc, vc, logit_index=lengths - 1, fresh=fresh,
+                                        recipe=r)
         return last, kc, vc
 
     @staticmethod
@@ -169,8 +184,8 @@ class ReferenceEngine(Engine):
         return [grow(x) for x in pk], [grow(x) for x in pv]
 
     @classmethod
-    def _decode_impl(cls, c, p, tokens, positions, kc, vc):
-        logits, kc, vc, _ = model.forward(p, c, tokens[:, None], positions[:, None], kc, vc)
+    def _decode_impl(cls, c, r, p, tokens, positions, kc, vc):
+        logits, kc, vc, _ = model.forward(p, c, tokens[:, None], positions[:, None], kc, vc, recipe=r)
         return logits[:, 0], kc, vc
 
     @property
@@ -180,6 +195,7 @@ class ReferenceEngine(Engine):
 
         return source_fingerprint(Path(__file__).parent, {
             "engine": self.name, "dtype": self.dtype, "max_batch": MAX_BATCH, "share_prefix": self.share_prefix,
+            "recipe": self.recipe.describe() if self.recipe else None,
             "weights": self.weights_sha256, "mesh": None if self.mesh is None else dict(self.mesh.shape)})
 
     def placement(self) -> dict | None:
@@ -216,7 +232,7 @@ class ReferenceEngine(Engine):
         return greedy_all(self._prefill_step, self._decode_step, prompts, max_new_tokens, stop_ids, top_k,
                           want_logits, MAX_BATCH,
                           extend=self._extend_step if self.share_prefix else None, stop_check=stop_check,
-                          shrink=self._shrink_step, insert=self._insert_step, on_result=on_result)
+                          shrink=self._shrink_step, insert=self._insert_step, on_result=on_result, log=self._paths)
 
     def decode_forced(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:
@@ -227,7 +243,7 @@ class ReferenceEngine(Engine):
         check_prompts([list(p) + list(x) for p, x in zip(prompts, continuations)], c.vocab_size,
                       c.max_context + 1, 1)
         return forced_all(self._prefill_step, self._decode_step, prompts, continuations, MAX_BATCH,
-                          shrink=self._shrink_step)
+                          shrink=self._shrink_step, log=self._paths)
 
     def forced_topk(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], k: int = 5,
                     want_logits: bool = False) -> list[Forced]:
@@ -255,14 +271,15 @@ class ReferenceEngine(Engine):
             return np.asarray(logits[0, len(prompt) - 1:len(seq)], np.float64)
 
     @staticmethod
-    def _float64_impl(c, p, tokens):
+    def _float64_impl(c, r, p, tokens):
         T = tokens.shape[1]
         kc = [jnp.zeros((1, c.n_kv_heads, T, c.head_dim), jnp.float64)] * c.n_layers
-        return model.forward(p, c, tokens, jnp.arange(T, dtype=jnp.int32)[None], kc, kc, fresh=True)[0]
+        return model.forward(p, c, tokens, jnp.arange(T, dtype=jnp.int32)[None], kc, kc, fresh=True, recipe=r)[0]
 
-    def step_taps(self, prompts: Sequence[Sequence[int]], next_ids: Sequence[int]) -> np.ndarray:
+    def step_taps(self, prompts: Sequence[Sequence[int]], next_ids: Sequence[int], decoded: int = 0) -> np.ndarray:
         """[rows, L, D]: the residual stream after each layer at the position of next_ids (the reference's
-        one forward pass computes every position the same way, so its taps there are its decode step's)."""
+        one forward pass computes every position the same way, so its taps there are its decode step's, whatever
+        `decoded` says: its cache holds what its forward pass computes)."""
         return np.stack([self.score([list(p) + [int(t)]], want_taps=True)[0].taps[:, -1]
                          for p, t in zip(prompts, next_ids)])
 

@@ -144,6 +144,15 @@ def rounded(x: jax.Array, dtype) -> jax.Array:
     return x.astype(dtype).astype(f32)
 
 
+def recipe_round(x: jax.Array, dtype: str) -> jax.Array:
+    """x rounded to dtype's precision where a declared recipe (engines.base.Recipe) rounds it, kept float32:
+    lax.reduce_precision, which XLA cannot fold away as excess precision (an astype pair it may). float32: x."""
+    if dtype == "float32":
+        return x
+    fi = jnp.finfo(jnp.dtype(dtype))
+    return jax.lax.reduce_precision(x, exponent_bits=fi.nexp, mantissa_bits=fi.nmant)
+
+
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     """x (float32) @ w: the input rounded to w's dtype, products accumulated in float32."""
     return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=f32)
@@ -226,7 +235,7 @@ def moe(x: jax.Array, p: dict, m: int, c: Config) -> jax.Array:
 
 def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
             k_cache: jax.Array, v_cache: jax.Array, want_taps: bool = False,
-            logit_index: jax.Array | None = None, fresh: bool = False):
+            logit_index: jax.Array | None = None, fresh: bool = False, recipe=None):
     """Run T new tokens per row through every layer, writing their K/V into the cache.
 
     fresh: the tokens sit at positions 0..T-1 of an empty cache (a prefill from the start), so
@@ -238,7 +247,8 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
     each row's last prompt position), the updated caches, and taps [L, B, T, D] (the residual
     stream after each layer, float32) when want_taps, else None. With want_taps the last value is the pair
     (taps, routing): routing = (margins [M, B, T], experts [M, B, T, k]), routing_margin at each of the M MoE
-    layers (None without MoE).
+    layers (None without MoE). recipe (engines.base.Recipe, bf16 mode): the K/V and residual roundings an engine
+    declared (the weights' own dtypes are set where they are placed).
     """
     B, T = tokens.shape
     k_cache, v_cache = list(k_cache), list(v_cache)
@@ -249,6 +259,7 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
              for kind in {c.kind(i) for i in range(c.n_layers)}}
     rows = jnp.arange(B)[:, None]  # [B, 1], broadcast with positions for the cache scatter
     eps, style = c.rms_eps, c.norm_style
+    kv_dt, res_dt = (recipe.kv_cache, recipe.residual) if recipe is not None else ("float32", "float32")
     taps, routing = [], []
     for layer in range(c.n_layers):
         cos, sin = ropes[c.kind(layer)]
@@ -263,7 +274,8 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
             q = rms_norm(q, p["q_norm"][layer], eps, style)
             k = rms_norm(k, p["k_norm"][layer], eps, style)
         q = apply_rope(q, cos, sin, c.rope_style)
-        k = apply_rope(k, cos, sin, c.rope_style)
+        k = recipe_round(apply_rope(k, cos, sin, c.rope_style), kv_dt)  # what the cache holds is what is attended
+        v = recipe_round(v, kv_dt)
         # advanced indices (rows, positions) around a slice: the update is shaped [B, T, K, hd]
         k_cache[layer] = k_cache[layer].at[rows, :, positions].set(k.astype(k_cache[layer].dtype))
         v_cache[layer] = v_cache[layer].at[rows, :, positions].set(v.astype(v_cache[layer].dtype))
@@ -275,7 +287,7 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
         out = matmul(attn, p["wo"][layer])
         if c.o_bias:
             out = out + p["bo"][layer]
-        x = x + (rms_norm(out, p["post_attn_norm"][layer], eps, style) if c.post_norms else out)
+        x = recipe_round(x + (rms_norm(out, p["post_attn_norm"][layer], eps, style) if c.post_norms else out), res_dt)
         h = rms_norm(x, p["mlp_norm"][layer], eps, style)
         if layer < c.n_dense_layers:
             out = swiglu(h, p["gate"][layer], p["up"][layer], p["down"][layer], c.mlp_act)
@@ -284,7 +296,7 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
             out = moe(h, p, m, c)
             if want_taps:
                 routing.append(routing_margin(h, p["router"][m], p["router_bias"][m], c))
-        x = x + (rms_norm(out, p["post_mlp_norm"][layer], eps, style) if c.post_norms else out)
+        x = recipe_round(x + (rms_norm(out, p["post_mlp_norm"][layer], eps, style) if c.post_norms else out), res_dt)
         if want_taps:
             taps.append(x.astype(f32))
     if logit_index is not None:
