@@ -1,11 +1,11 @@
-"""The routing noise floor behind rule.py's ROUTING_TIE: prints figures, asserts nothing.
+"""The routing noise floor behind routing.py's ROUTING_TIE: prints figures, asserts nothing.
 
     .venv/bin/python benchmarks/calibrate_routing.py [--prompts 128] [--json OUT]
 
 On the REFERENCE only (never an engine): for each MoE mini model, the float32 reference's greedy track of
 32 tokens on prompts 65.. of benchmarks/detection.py's seeded order (disjoint from the 64 the detection
 table judges), scored by the float32 reference and by its own bfloat16 recipe with taps. The rounding move
-(rule.routing_move: per position the largest change over the MoE layers of the k-th to (k+1)-th router
+(routing.routing_move: per position the largest change over the MoE layers of the k-th to (k+1)-th router
 choice gap, over the whole sequence up to the recipe's first expert flip) says how far bf16 rounding moves
 the scores that pick the experts: a float32 margin (engines.reference.model.routing_margin, the smallest
 such gap) below it can flip the expert set in a correct bf16 engine. Also: how many sequences have a flip,
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from detection import prompt_order  # noqa: E402
 
 from engines.reference import ReferenceEngine  # noqa: E402
-from evalsuite.compare import rule  # noqa: E402
+from evalsuite.compare import routing  # noqa: E402
 from evalsuite.registry import load_model  # noqa: E402
 from evalsuite.versions import versions  # noqa: E402
 
@@ -48,7 +48,7 @@ def measure(name: str, n_prompts: int) -> dict:
             a, b = r32.score([seq], want_taps=True)[0], r16.score([seq], want_taps=True)[0]
             at = slice(len(p) - 1, len(seq))
             ma = a.routing_margins[at]
-            mv = rule.routing_move(a.routing_layers, a.routing_experts, b.routing_layers, b.routing_experts)
+            mv = routing.routing_move(a.routing_layers, a.routing_experts, b.routing_layers, b.routing_experts)
             d.extend(mv.tolist())
             flipped += int(mv.size < len(seq))
             m32_all.extend(ma.tolist())
@@ -58,7 +58,7 @@ def measure(name: str, n_prompts: int) -> dict:
     return {"model": name, "weights_sha256": m.weights.sha256, "prompts": len(prompts), "positions": int(d.size),
             "max_dmargin": float(d.max()), "p999_dmargin": float(np.quantile(d, 0.999)),
             "median_margin_f32": float(np.median(m32)), "sequences_with_an_expert_flip": flipped,
-            "tied_share": float(np.mean(m32 < rule.ROUTING_TIE_FACTOR * d.max())),
+            "tied_share": float(np.mean(m32 < routing.ROUTING_TIE_FACTOR * d.max())),
             "recipe_token_flips": len(flips), "f32_margin_at_recipe_flips": sorted(flips)}
 
 

@@ -39,3 +39,23 @@ def summary(values) -> dict:
         return {"n": 0}
     return {"n": int(v.size), "mean": float(v.mean()), "p50": float(np.percentile(v, 50)),
             "p90": float(np.percentile(v, 90)), "p99": float(np.percentile(v, 99)), "max": float(v.max())}
+
+
+def rank_errors(lp_at, ref_vals: np.ndarray, ids: np.ndarray, vals: np.ndarray) -> np.ndarray:
+    """Per position, the largest error over every rank an engine reported (ids, vals [n, k]; -1 / NaN where it gave
+    fewer): its logprob for each id against the judge's logprob of that id (lp_at(j, id)), and its r-th value
+    against the judge's r-th largest (ref_vals [n, k'], sorted). An id swapped with another's value, values
+    renormalised over the top-k, or ids that are not the top-k all show; a near-tie at the k-th place moves
+    neither by more than the tie. NaN where nothing was reported."""
+    ids, vals = np.asarray(ids), np.asarray(vals, np.float64)
+    n, k = vals.shape if vals.ndim == 2 else (len(vals), 0)
+    out = np.full(n, np.nan)
+    for j in range(n):
+        given = np.flatnonzero((ids[j] >= 0) & ~np.isnan(vals[j]))
+        if not given.size:
+            continue
+        own = max(abs(vals[j, r] - lp_at(j, int(ids[j, r]))) for r in given)
+        m = [r for r in given if r < ref_vals.shape[1] and np.isfinite(ref_vals[j, r])]
+        by_rank = max((abs(vals[j, r] - ref_vals[j, r]) for r in m), default=0.0)
+        out[j] = max(own, by_rank)
+    return out

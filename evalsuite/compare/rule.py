@@ -85,14 +85,6 @@ NOISE_TOL = {k: 2 * v for k, v in DLOGIT_TOL.items()}
 LOGPROB_TOL = {k: 2 * v for k, v in DLOGIT_TOL.items()}
 DRIFT_RATIO = 1.3
 MIN_DRIFT_POSITIONS = 256
-# bf16 on an MoE model: a position is at a routing near-tie when the float32 reference's routing margin there
-# (the smallest gap over the MoE layers between the k-th and (k+1)-th router choice scores) is below this factor
-# times the largest move the reference's own bf16 recipe makes to that margin in the same run (measured on the
-# reference alone). benchmarks/calibrate_routing.py, 32 prompts x 32 tokens (2026-12-01): the recipe moves the
-# margin by up to 0.016 (mini-moe) and 0.045 (mini-gptoss), and its own token flips sat at margins <= 0.0041
-# (mini-moe) and <= 0.06 (mini-gptoss). 1.5x, as the per-position bf16 bounds: another bf16 engine rounds
-# differently from the recipe.
-ROUTING_TIE_FACTOR = 1.5
 SCALE_T = 6.0  # |t| of the mean over prompts: two-sided p ~ 1e-4 at 8 prompts (Student t, 7 df) if no error
 SCALE_FACTOR = 1.5  # as the other bf16 bounds: another bf16 engine rounds differently from the recipe
 MIN_SCALE_PROMPTS = 8
@@ -145,7 +137,8 @@ def _ref_view(ref: Forced):
 
 
 def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generation | None, tol: Tolerances,
-                   eos_ids=(), conditioning: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
+                   eos_ids=(), conditioning: tuple[np.ndarray, np.ndarray] | None = None,
+                   ends: bool = False) -> dict:
     """The one comparator (diff, golden check, serve's self-check). Classify every position of one prompt.
 
     ref: the judge's record along ref_tokens (the reference's greedy track with full logits, or a golden
@@ -157,7 +150,11 @@ def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generati
     token otherwise). eos_ids: an engine that cannot be made to run past end-of-turn (a server without
     ignore_eos) may end with one of them where the reference has the same token: that is agreement,
     and the positions after it are not compared. conditioning: (e, k) per position, the judge's own |Δlogit|
-    and KL in tol's dtype (see CONDITIONING): the bounds there widen to what the judge's own rounding allows."""
+    and KL in tol's dtype (see CONDITIONING): the bounds there widen to what the judge's own rounding allows.
+    Every rank of the engine's reported top-k is judged where the contexts are the same (rank_errors): along the
+    teacher-forced track where the engine gives top-k without logits (an API), and along its own generation up
+    to the first divergence. ends: the judge's track ends where it stopped (a stop id or stop check): an engine
+    that generates past it did not stop where it had to, a real mismatch at the last position."""
     lp_at, marg, rank_at = _ref_view(ref)
     rt = np.asarray(ref_tokens, np.int64)
     n = len(rt)
@@ -181,8 +178,11 @@ def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generati
             within = dlp <= b["logprob"]
     elif forced is not None:
         dlp = np.abs(np.asarray(forced.token_logprobs, np.float64) - ref_tok_lp)
+        ref_vals = np.asarray(ref.top_logprobs, np.float64)
+        ranks = metrics.rank_errors(lp_at, ref_vals, forced.top_ids, forced.top_logprobs)
+        dlp = np.fmax(dlp, ranks)  # every rank the engine reported, not only the judge's token
         arg = np.asarray(forced.top_ids)[:, 0]
-        within = dlp <= b["logprob"]
+        within = ~(dlp > b["logprob"])  # NaN: not given, not judged
     if arg is not None:
         agree = arg == rt
         for j in np.flatnonzero(~agree):
@@ -205,6 +205,11 @@ def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generati
                 fd = len(et)
         upto = (n if stopped_at is None else stopped_at) if fd is None else fd
         gen_d = np.abs(glp[:upto] - ref_tok_lp[:len(glp[:upto])])
+        if len(gen.top_logprobs) and np.asarray(gen.top_ids).ndim == 2:  # every rank, where contexts are equal
+            m = min(upto, len(gen.top_logprobs))
+            ranks = metrics.rank_errors(lp_at, np.asarray(ref.top_logprobs, np.float64)[:m],
+                                        np.asarray(gen.top_ids)[:m], np.asarray(gen.top_logprobs)[:m])
+            gen_d = np.fmax(gen_d, ranks[:len(gen_d)])
         dist |= {int(j) for j in np.flatnonzero(gen_d > b["logprob"][:len(gen_d)])}
         if fd is not None and fd < len(et):
             e = int(et[fd])
@@ -220,6 +225,11 @@ def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generati
             real.add(fd)
             first = {"position": fd, "reference_token": int(rt[fd]), "engine_token": None,
                      "note": "the engine's generation ended here", "class": "real"}
+        if ends and fd is None and len(et) > n > 0:
+            real.add(n - 1)
+            first = {"position": n - 1, "reference_token": int(rt[n - 1]), "engine_token": int(et[n - 1]),
+                     "note": f"the reference stops after this token; the engine went on ({len(et)} tokens): a stop "
+                             "id or stop check not honoured", "class": "real"}
     benign -= real
     dist -= real
     d = dlogit if dlogit is not None else dlp
@@ -334,59 +344,3 @@ def character(per_prompt: list[dict], real: int, real16: int, tol16: Tolerances)
     return {"kind": "beyond-noise", **facts, "explanation": (
         f"{real16} positions are out of even the bfloat16 bounds (largest reference gap at a flip {g} nats, "
         f"|Δlogprob| up to {d}): larger than numeric-recipe noise; look for a bug")}
-
-
-def routing_move(margins_a: np.ndarray, experts_a: np.ndarray, margins_b: np.ndarray,
-                 experts_b: np.ndarray) -> np.ndarray:
-    """How far rounding alone moves the router: run b's change of each MoE layer's k-th to (k+1)-th gap from run
-    a's, largest over the layers, at the positions before b first chose other experts than a anywhere
-    (margins [M, T], experts [M, T, k]). From that position on the two runs' states differ by a changed
-    expert mix, not by rounding (on mini-moe's quick set, counting crossed gaps, the move reached 0.11 after a
-    flip; before any flip rounding moved the gaps by at most 0.036), so those positions are left out."""
-    same = (np.asarray(experts_a) == np.asarray(experts_b)).all(axis=-1).all(axis=0)  # [T]
-    first = int(np.argmin(same)) if not same.all() else same.size
-    d = np.abs(np.asarray(margins_a, np.float64) - np.asarray(margins_b, np.float64))
-    return d[:, :first].max(axis=0) if first else np.zeros(0)
-
-
-def routing_ties(per_prompt: list[dict], margins: dict[int, tuple[np.ndarray, np.ndarray]],
-                 moved: float | None = None, witness: dict[int, list[int]] | None = None) -> dict:
-    """bf16 on an MoE model: real positions where the reference's routing is near-tied are taken out of the
-    real ones (per_prompt records are edited: "routing_ties" lists them) and reported as not judged: a correct
-    bf16 engine may pick other experts there, and the output then moves far (a different expert's MLP), so
-    neither a PASS nor a FAIL can rest on them. margins: prompt index -> (float32 margins at each compared
-    position, the bf16 recipe's routing_move on that prompt's sequence). The bound is ROUTING_TIE_FACTOR x the
-    recipe's largest move, here or over a larger set the caller measured (moved: benchmarks/detection.py
-    judges prompt by prompt). A flip also moves every later position through attention, so witness (prompt
-    index -> positions where the reference's own bf16 recipe is beyond the bounds) names positions taken out
-    too: there bf16 rounding of the reference itself, measured without the engine, already fails."""
-    if moved is None:
-        moved = max((float(np.max(mv)) for _, mv in margins.values() if len(mv)), default=0.0)
-    bound = ROUTING_TIE_FACTOR * moved
-    tied = {i: np.asarray(a) < bound for i, (a, _) in margins.items()}
-    witness = witness or {}
-    out, prompts, witnessed = 0, 0, 0
-    for i, t in tied.items():
-        r = per_prompt[i]
-        near = {j for j in r["real_positions"] if j < len(t) and t[j]}
-        ex = near | (set(r["real_positions"]) & set(witness.get(i, ())))
-        witnessed += len(ex - near)
-        r["routing_ties"] = sorted(ex)
-        if not ex:
-            continue
-        out, prompts = out + len(ex), prompts + 1
-        for key in ("real_positions", "token_mismatches", "distribution_mismatches"):
-            r[key] = [j for j in r[key] if j not in ex]
-        fd = r["first_divergence"]
-        if fd and fd["position"] in ex and fd["class"] == "real":
-            fd["class"] = "routing-tie"
-    positions = sum(len(t) for t in tied.values())
-    share = sum(int(t.sum()) for t in tied.values()) / max(positions, 1)
-    note = (f"{out} positions in {prompts} prompts differ beyond the bounds where the reference's expert choice is "
-            f"near-tied (k-th vs (k+1)-th router score within {bound:.3g}, {ROUTING_TIE_FACTOR}x the largest move "
-            f"its own bf16 recipe makes to that gap here; {share:.0%} of positions are that close)"
-            + (f" or, for {witnessed} of them, where the reference's own bf16 recipe is beyond the bounds too (after "
-               "an expert flip upstream)" if witnessed else "")
-            + ": a correct bf16 engine may route them to other experts, so they are not judged")
-    return {"bound": bound, "recipe_max_dmargin": moved, "factor": ROUTING_TIE_FACTOR, "tied_share": share,
-            "positions_not_judged": out, "witnessed": witnessed, "prompts": prompts, "note": note, "tied": tied}

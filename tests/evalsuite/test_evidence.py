@@ -30,7 +30,8 @@ def _ref(seed=0):
 def _cmp(ref, toks, gen_toks, gen_lp, forced, tol):
     """The one comparator, fed as diff feeds it: the reference's track from its logits, the engine's
     free-running tokens with their logprobs, and its teacher-forced record."""
-    g = Generation([], [int(t) for t in gen_toks], np.zeros((len(gen_toks), 1), np.int64), np.asarray(gen_lp), "length")
+    ids = np.asarray([int(t) for t in gen_toks], np.int64)[:, None]  # greedy: rank 1 is the token generated
+    g = Generation([], [int(t) for t in gen_toks], ids, np.asarray(gen_lp), "length")
     return rule.compare_prompt(toks, Forced.from_logits(ref, toks, 5), forced, g, tol)
 
 

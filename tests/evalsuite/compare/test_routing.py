@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from evalsuite.compare import rule
+from evalsuite.compare import routing
 from evalsuite.compare.diff import DiffSpec, run_diff
 from evalsuite.prompts import load_prompts
 
@@ -21,13 +21,14 @@ def test_only_real_positions_at_near_ties_are_taken_out():
     m32 = np.array([0.5, 0.001, 0.5, 0.002, 0.5])
     move = np.array([0.0, 0.004, 0.01, 0.0, 0.0])  # the recipe moves the router scores by up to 0.01
     recs = [_record([1, 2], dist=[1, 2]), _record([])]
-    r = rule.routing_ties(recs, {0: (m32, move), 1: (m32, np.zeros(5))})
-    assert abs(r["bound"] - rule.ROUTING_TIE_FACTOR * 0.01) < 1e-12
+    r = routing.routing_ties(recs, {0: (m32, move), 1: (m32, np.zeros(5))})
+    assert abs(r["bound"] - routing.ROUTING_TIE_FACTOR * 0.01) < 1e-12
     assert recs[0]["routing_ties"] == [1] and recs[0]["real_positions"] == [2] == recs[0]["distribution_mismatches"]
     assert r["positions_not_judged"] == 1 and r["prompts"] == 1 and "not judged" in r["note"]
     assert r["tied_share"] == 4 / 10  # positions 1 and 3 of both prompts sit under the bound
     clean = [_record([2])]  # nothing real at a tie: nothing taken out, nothing unjudged
-    assert rule.routing_ties(clean, {0: (m32, move)})["positions_not_judged"] == 0 and clean[0]["real_positions"] == [2]
+    assert routing.routing_ties(clean, {0: (m32, move)})["positions_not_judged"] == 0
+    assert clean[0]["real_positions"] == [2]
 
 
 def test_rounding_moves_stop_at_the_first_expert_flip():
@@ -38,10 +39,10 @@ def test_rounding_moves_stop_at_the_first_expert_flip():
     a_e = np.zeros((2, 4, 2), int) + [0, 1]
     b_e = a_e.copy()
     b_e[1, 2] = [0, 2]  # layer 2 flips at position 2
-    assert np.allclose(rule.routing_move(a_m, a_e, b_m, b_e), [0.01, 0.003])
-    assert np.allclose(rule.routing_move(a_m, a_e, b_m, a_e), [0.01, 0.003, 0.09, 0.0])
+    assert np.allclose(routing.routing_move(a_m, a_e, b_m, b_e), [0.01, 0.003])
+    assert np.allclose(routing.routing_move(a_m, a_e, b_m, a_e), [0.01, 0.003, 0.09, 0.0])
     b_e[0, 0] = [1, 2]
-    assert rule.routing_move(a_m, a_e, b_m, b_e).size == 0  # a flip at once: no rounding-only position
+    assert routing.routing_move(a_m, a_e, b_m, b_e).size == 0  # a flip at once: no rounding-only position
 
 
 def test_the_recipes_own_failures_are_not_judged_either():
@@ -49,7 +50,7 @@ def test_the_recipes_own_failures_are_not_judged_either():
     the bounds there (the witness), even if its own margin is wide; other real positions stay real."""
     m32 = np.array([0.5, 0.5, 0.5])
     recs = [_record([0, 2], dist=[0, 2])]
-    r = rule.routing_ties(recs, {0: (m32, np.array([0.01]))}, witness={0: [2]})
+    r = routing.routing_ties(recs, {0: (m32, np.array([0.01]))}, witness={0: [2]})
     assert recs[0]["real_positions"] == [0] and r["positions_not_judged"] == 1 and r["witnessed"] == 1
     assert "own bf16 recipe is beyond the bounds" in r["note"]
 
