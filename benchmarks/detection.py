@@ -13,10 +13,12 @@ when a rule first fires (within a chunk, the prompt's own index).
 Rules (evalsuite/compare/rule.py and evalsuite/compare/peers.py):
 - evalsuite: `diff`'s verdict on the prompts so far (any real position by the one comparator, flags
   judged again by the conditioning witness; in bfloat16 also the drift check against the reference's
-  own bf16 recipe, from 256 positions, and the logit-scale check, from 8 prompts); its batch-invariance and
-  determinism checks are not part of this count. (The committed tables' peer columns predate the witnesses and
-  the logit-scale check; their evalsuite columns were re-run under them with --recheck-evalsuite on 2026-12-03,
-  the old catch kept in each row's evalsuite_recheck; see the README.)
+  own bf16 recipe, from 256 positions, and the logit-scale check, from 8 prompts); at 8, 16, 32 and 64
+  prompts also diff's batching part over those prompts (every prompt in one call, staggered stops), and in
+  bfloat16 at 8 its recipe check (the engine's layers against the reference in its declared recipe); its
+  batch-invariance and determinism checks are not part of this count. (The committed tables' peer columns
+  predate the witnesses and the logit-scale check; their evalsuite columns were re-run under them with
+  --recheck-evalsuite, the old catch kept in each row's evalsuite_recheck.)
 - vllm, maxtext, sglang: as documented in peers.py. evalsuite judges a bf16 engine against the
   float32 reference (its design); the peers, as their own tests do, against a reference in the same
   dtype (here the reference's bf16 recipe).
@@ -42,8 +44,8 @@ from make_prompts import make  # noqa: E402
 from engines.megakernel import MegakernelEngine  # noqa: E402
 from engines.megakernel.faults import CATALOGUE  # noqa: E402
 from engines.reference import ReferenceEngine  # noqa: E402
-from evalsuite.compare import peers, rule  # noqa: E402
-from evalsuite.compare.diff import routing_margins  # noqa: E402
+from evalsuite.compare import batching, peers, recipe_check, rule  # noqa: E402
+from evalsuite.compare.routing import routing_margins, routing_ties  # noqa: E402
 from evalsuite.compare.witness import OrderSpread, with_witness  # noqa: E402
 from evalsuite.engines import judge as judge_engine  # noqa: E402
 from evalsuite.prompts import Prompt  # noqa: E402
@@ -52,6 +54,8 @@ from evalsuite.versions import commit, versions  # noqa: E402
 
 CHUNK = 8
 RULES = ("evalsuite",) + peers.RULES
+BATCHING_AT = (8, 16, 32, 64)  # prompt counts at which diff's batching part runs over the prompts so far
+RECIPE_AT = 8  # bf16: the prompt count at which diff's recipe check runs
 
 
 def prompt_order(tok, n: int, seed: int, max_context: int, max_new: int) -> list[tuple[str, list[int]]]:
@@ -83,6 +87,12 @@ class Judge:
             self.ensure(len(prompts))
             self.moved = max((float(np.max(mv)) for _, mv in self.margins if len(mv)), default=None)
 
+    def own_recipe(self, eng):
+        """The reference in eng's declared bf16 recipe (diff's judge for its recipe check), built once."""
+        if getattr(self, "_own", None) is None:
+            self._own = ReferenceEngine(self.model.weights, self.dtype, recipe=eng.recipe)
+        return self._own
+
     def ensure(self, upto: int) -> None:
         """Records for the first `upto` prompts."""
         ref, same, N = self.engine, self._same, self.N
@@ -113,8 +123,8 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress, only_
     first: dict[str, int | None] = {r: None for r in RULES}
     drift_e, drift_r, slopes, witnessed = [], [], [], []
     # as diff: the bf16 recipe in other reduction orders where flags survive the one recipe
-    orders = OrderSpread(lambda seed: judge_engine(model, dtype, order_seed=seed), model.weights.nbytes) \
-        if dtype != "float32" else None
+    orders = OrderSpread(lambda seed: judge_engine(model, dtype, order_seed=seed, recipe=eng.recipe),
+                         model.weights.nbytes) if dtype != "float32" else None
     detail = {"max_kl": 0.0, "max_sglang_dlogprob": 0.0, "real_positions": 0, "flagged": {}}
     t0, taken = time.time(), 0
     for c in range(0, len(prompts), CHUNK):
@@ -137,7 +147,7 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress, only_
                 rec = with_witness(judge.engine, prompts[c + i][1], rg, fo, eg, tol, (), rec, witnessed, None,
                                    judge.recipe[c + i] if dtype != "float32" else None, orders)
             if judge.margins:  # as diff: real positions at the reference's routing near-ties are not judged
-                rt = rule.routing_ties([rec], {0: judge.margins[c + i]}, judge.moved, {0: judge.recipe_real[c + i]})
+                rt = routing_ties([rec], {0: judge.margins[c + i]}, judge.moved, {0: judge.recipe_real[c + i]})
                 detail["routing_not_judged"] = detail.get("routing_not_judged", 0) + rt["positions_not_judged"]
             detail["real_positions"] += len(rec["real_positions"])
             if fault is None and rec["real_positions"]:  # a false alarm: which prompt, which positions
@@ -161,6 +171,8 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress, only_
                 if hit and first[r] is None:
                     first[r] = n
         taken = c + len(ids)
+        if first["evalsuite"] is None:
+            first["evalsuite"] = _diff_parts(judge, eng, prompts, taken, orders, detail, progress)
         if dtype != "float32" and first["evalsuite"] is None:
             d = rule.drift_check(drift_e, drift_r, dtype)
             sc = rule.scale_check([u for u, _ in slopes], [v for _, v in slopes], dtype)
@@ -172,6 +184,26 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress, only_
         detail["witness_cleared"] = sum(w.get("cleared", 0) for w in witnessed)
     return {"fault": fault, "dtype": dtype, "model": model.name, "first_caught": first, "prompts_taken": taken,
             "seconds": round(time.time() - t0, 1), **detail}
+
+
+def _diff_parts(judge: Judge, eng, prompts, taken: int, orders, detail: dict, progress) -> int | None:
+    """diff's batching part over the first `taken` prompts (at BATCHING_AT) and, in bf16, its recipe check (at
+    RECIPE_AT), as diff runs them: `taken` when either FAILs."""
+    N, model, hit = judge.N, judge.model, False
+    if taken in BATCHING_AT:
+        tol = rule.Tolerances.for_dtype(judge.dtype)
+        part = batching.run(eng, [p for _, p in prompts[:taken]], [i for i, _ in prompts[:taken]],
+                            [g.token_ids for g in judge.ref[:taken]], [g.track() for g in judge.ref[:taken]],
+                            [None] * taken, N, model.tokenizer.eos_ids, tol, progress=progress,
+                            reference=judge.engine, max_context=model.config.max_context)
+        detail.setdefault("batching", {})[taken] = part["real_mismatches"]
+        hit = part["real_mismatches"] > 0
+    if judge.dtype != "float32" and taken == RECIPE_AT and not hit:
+        own = recipe_check.check(eng, model, prompts[:taken], [g.token_ids for g in judge.ref[:taken]],
+                                 judge.own_recipe(eng), orders, N, progress)
+        detail["recipe_check"] = {k: own.get(k) for k in ("checked", "ok", "first_over")}
+        hit = own.get("ok") is False
+    return taken if hit else None
 
 
 def table(rows: list[dict], build32: dict | None = None) -> str:

@@ -177,13 +177,16 @@ def _progress(msg: str) -> None:
 @click.option("--float32-build/--no-float32-build", default=True, show_default=True,
               help="bfloat16: also diff the engine built in float32 on the same prompts (code bugs below bf16 "
                    "rounding); about doubles the time.")
+@click.option("--batching/--no-batching", default=True, show_default=True,
+              help="The batching part: every prompt in one call with staggered stops, so the engine refills, "
+                   "shrinks and splits its prefill as in a benchmark (off: those paths are not checked).")
 @engine_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="Write report.md, results.json and dlogit.png here.")
 @remote_options
 def diff(engine, against, model, prompts, max_new_tokens, dtype, batch, fault, noise_tol, require, seed,
-         float32_build, engine_options, as_json, report_dir, base_url, served_model, api_key_env,
+         float32_build, batching, engine_options, as_json, report_dir, base_url, served_model, api_key_env,
          api_timeout) -> None:
     """Greedy decoding through ENGINE vs the reference, token by token. Exit 0 PASS, 1 FAIL."""
     from pathlib import Path
@@ -194,7 +197,7 @@ def diff(engine, against, model, prompts, max_new_tokens, dtype, batch, fault, n
     spec = DiffSpec(engine=engine, against=against, model=model, prompts=prompts,
                     max_new_tokens=max_new_tokens, dtype=dtype, batch=batch, fault=fault, noise_tol=noise_tol,
                     require=tuple(require), seed=seed, engine_options=_engine_options(engine_options),
-                    float32_build=float32_build,
+                    float32_build=float32_build, batching=batching,
                     remote=_remote(base_url, served_model, api_key_env, api_timeout))
     result = run_diff(spec, _progress).to_json()
     if report_dir and writes_files():

@@ -18,7 +18,8 @@ import numpy as np
 from engines.base import Forced
 from evalsuite import distributed
 from evalsuite.compare import rule
-from evalsuite.compare.rule import Tolerances, compare_prompt, routing_ties
+from evalsuite.compare.routing import routing_margins, routing_ties
+from evalsuite.compare.rule import Tolerances, compare_prompt
 from evalsuite.errors import SpecError
 from evalsuite.prompts import load_prompts
 from evalsuite.registry import load_model
@@ -53,6 +54,12 @@ def _settings(model: str) -> tuple[str, int]:
     return DEFAULTS[model]
 
 
+def fitting(model, pset, n: int) -> list:
+    """The set's prompts that fit the model's context with n tokens after them (a golden file pins only those; the
+    rest are skipped as diff skips them, and named in the header)."""
+    return [p for p in pset.prompts if len(p.encode(model.tokenizer)) + n <= model.config.max_context]
+
+
 def update(model_name: str, directory: Path | None = None) -> Path:
     from evalsuite.engines import judge
 
@@ -60,7 +67,8 @@ def update(model_name: str, directory: Path | None = None) -> Path:
     model = load_model(model_name)
     pset = load_prompts(set_name)
     ref = judge(model)  # on evalsuite --mesh when given (a model too big for one device): recorded below
-    ids = [p.encode(model.tokenizer) for p in pset.prompts]
+    kept = fitting(model, pset, n)
+    ids = [p.encode(model.tokenizer) for p in kept]
     gens = ref.generate(ids, n, top_k=TOP_K)
     doc = {
         "format_version": FORMAT_VERSION,
@@ -69,11 +77,12 @@ def update(model_name: str, directory: Path | None = None) -> Path:
                    "settings": {"max_new_tokens": n, "top_k": TOP_K, "greedy": True, "stop_ids": []},
                    "seed": 0, "seed_note": "greedy decoding makes no random choice; recorded for the format",
                    "versions": versions(), "produced_by": "evalsuite golden update",
+                   "skipped": [p.id for p in pset.prompts if p not in kept],
                    **({"mesh": dict(ref.mesh.shape)} if ref.mesh is not None else {})},
         "entries": {p.id: {"prompt_token_ids": i, "token_ids": g.token_ids,
                            "top_ids": g.top_ids.tolist(),
                            "top_logprobs": [[round(float(x), 6) for x in row] for row in g.top_logprobs]}
-                    for p, i, g in zip(pset.prompts, ids, gens)},
+                    for p, i, g in zip(kept, ids, gens)},
     }
     path = golden_path(model_name, directory)
     if not distributed.writes_files():  # a multi-process run: process 0 writes, the others computed the same
@@ -116,7 +125,8 @@ def check(model_name: str, engine_name: str = "reference", dtype: str = "float32
         stale.append(f"settings: golden {header.get('settings')} != current max_new_tokens {n}, top_k {TOP_K}")
     if stale:
         return _failed(model_name, [f"stale golden {path}: " + "; ".join(stale) + f"; {regen}"])
-    want_ids = [p.id for p in pset.prompts]
+    kept = fitting(model, pset, n)
+    want_ids = [p.id for p in kept]
     missing = [i for i in want_ids if i not in entries]
     unused = [i for i in entries if i not in want_ids]
     if missing:
@@ -127,7 +137,7 @@ def check(model_name: str, engine_name: str = "reference", dtype: str = "float32
         return _failed(model_name, problems)
     eng = make_engine(engine_name, model, dtype, fault, remote, extra)
     prompts = [entries[i]["prompt_token_ids"] for i in want_ids]
-    for p, e, i in zip(pset.prompts, prompts, want_ids):
+    for p, e, i in zip(kept, prompts, want_ids):
         if p.encode(model.tokenizer) != e:
             problems.append(f"entry {i}: prompt tokenizes differently now (tokenizer changed?); {regen}")
     if problems:
@@ -162,7 +172,7 @@ def check(model_name: str, engine_name: str = "reference", dtype: str = "float32
             "checked": False, "why": "bf16 logit-scale check (rule.SCALE): the engine gives no full logits"}
         if model.config.n_moe_layers:
             # positions where the golden run's expert choice is near-tied are not judged (the rule of `diff`,
-            # rule.routing_ties); without it a correct bf16 engine, the reference's own bf16 recipe included,
+            # routing.routing_ties); without it a correct bf16 engine, the reference's own bf16 recipe included,
             # failed mini-moe's and mini-gptoss's golden files (3/264 positions each)
             routing = _routing_ties(ref, recipe, prompts, conts, own_recs, recs)
     mismatches, benign, dlp = [], 0, []
@@ -215,10 +225,8 @@ def _scale(ref, prompts, conts, forced, own) -> dict:
 
 
 def _routing_ties(ref, recipe, prompts, conts, own_recs, recs) -> dict:
-    """rule.routing_ties over the golden tracks: margins from the float32 reference (what wrote the golden
+    """routing.routing_ties over the golden tracks: margins from the float32 reference (what wrote the golden
     file) and its bf16 recipe, and the recipe's own positions beyond the bounds (own_recs: the witness), all
     measured on the reference alone, never on the engine being checked."""
-    from evalsuite.compare.diff import routing_margins
-
     margins = {k: routing_margins(ref, recipe, p, c) for k, (p, c) in enumerate(zip(prompts, conts))}
     return routing_ties(recs, margins, witness={k: r["real_positions"] for k, r in enumerate(own_recs)})

@@ -70,10 +70,10 @@ def diff_report(result: dict, out: Path) -> list[Path]:
         *([f"- {_required_invariance(r['batch_invariance_required'])}"] if r.get("batch_invariance_required") else []),
         *([f"- {_build_text(r['float32_build'])}"] if (r.get("float32_build") or {}).get("run") else []),
     ]
+    lines += [f"- {x}" for x in _parts_lines(r)]
     b = r.get("bisection")
     if b:
-        lines.append(f"- bisection at prompt {b.get('prompt')} position {b['position']}: first layer out of "
-                     f"tolerance: {b['layer'] if b['layer'] is not None else 'none'}")
+        lines.append(f"- {_bisection_text(b)}")
     lines += ["", f"![per-position max |Δlogit|]({png.name})", "",
               "| prompt | kind | first divergence | ref token | engine token | gap to engine token | rank | class "
               "| real | benign | max Δlogit |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -199,11 +199,45 @@ def diff_text(r: dict) -> str:
         lines.append(_build_text(r["float32_build"]))
     lines += [f"NOT CHECKED (no PASS without it): {n}" for n in r.get("not_checked", [])]
     lines += [f"not checked: {n}" for n in r.get("checks_not_possible", [])]
+    lines += _parts_lines(r)
     b = r.get("bisection")
     if b:
-        lines.append(f"bisection: prompt {b['prompt']} position {b['position']}: first layer out of tolerance "
-                     f"{b['layer']}")
+        lines.append(_bisection_text(b))
     return "\n".join(lines)
+
+
+def _parts_lines(r: dict) -> list[str]:
+    """The batching part, the engine paths it drove, and the bf16 recipe check, a line each."""
+    from evalsuite.compare import coverage
+
+    out = []
+    b = r.get("batching") or {}
+    if b.get("run"):
+        flagged = [p["id"] for p in b["per_prompt"] if p["real_positions"]]
+        out.append(f"batching part ({len(b['calls'])} calls, {b['prompts']} prompt runs, staggered stops, "
+                   f"{b['seconds']} s): {b['real_mismatches']} real mismatches"
+                   + (f" in {', '.join(flagged[:4])}" if flagged else ""))
+    elif b:
+        out.append(f"batching part: not run ({b.get('why')})")
+    if r.get("paths"):
+        out.append(f"engine paths: {coverage.text(r['paths'])}")
+    rc = r.get("bf16_recipe")
+    if rc and rc.get("checked"):
+        f = rc["first_over"]
+        out.append(f"bf16 recipe check (against the reference in the engine's declared recipe, "
+                   f"{len(rc['prompts'])} prompts): " + ("ok at every layer" if f is None else
+                   f"FAILED at layer {f['layer']} on {f['prompts_over']} of {len(rc['prompts'])} prompts (worst "
+                   f"{f['prompt']}: median element error {f['engine']:.3g} > bound {f['bound']:.3g}, other orders "
+                   f"at most {f['orders_max']:.3g})"))
+    return out
+
+
+def _bisection_text(b: dict) -> str:
+    ctx = b.get("context")
+    where = (f" (batch of {ctx['batch']}, row {ctx['row']}, after {ctx['decoded_steps']} decode steps)"
+             if isinstance(ctx, dict) and "batch" in ctx else f" ({ctx['found_in']})" if isinstance(ctx, dict) else "")
+    return (f"bisection: prompt {b['prompt']} position {b['position']}{where}: first layer out of tolerance "
+            f"{b['layer'] if b['layer'] is not None else 'none'}; reproduced {b.get('reproduced', 'n/a')}")
 
 
 def _build_text(b: dict) -> str:

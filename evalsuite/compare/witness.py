@@ -68,6 +68,13 @@ class OrderSpread:
         self.build, self.prompts, self.kept = build, 0, {}
         self.keep = weight_bytes is not None and weight_bytes * len(ORDER_SEEDS) <= ORDER_KEEP_BYTES
 
+    def judge(self, seed: int):
+        """The recipe in order `seed`: kept for the run when the orders fit ORDER_KEEP_BYTES, else built anew."""
+        eng = self.kept.get(seed) or self.build(seed)
+        if self.keep:
+            self.kept[seed] = eng
+        return eng
+
     def errors(self, prompt, rg) -> list[tuple[np.ndarray, np.ndarray]]:
         """(|Δlogit|, KL) per position for each seed of ORDER_SEEDS, along the reference's tokens. Raises
         ModelError past the cap."""
@@ -77,9 +84,7 @@ class OrderSpread:
         seq, n = list(prompt) + list(rg.token_ids), len(rg.token_ids)
         out = []
         for seed in ORDER_SEEDS:
-            eng = self.kept.get(seed) or self.build(seed)
-            if self.keep:
-                self.kept[seed] = eng
+            eng = self.judge(seed)
             # one full forward over prompt + the reference's tokens, the logits that predict each token (the score
             # path, a third order again: 0.1-1 s on smollm2 against 12-14 s decoding the 32 tokens forced; the
             # permuting, 1.7-2.8 s an order, is most of the cost; all with a GSM8K run on the cores)
