@@ -17,7 +17,31 @@ from pathlib import Path
 
 from evalsuite.errors import SpecError
 
-BUILTIN = ("builtin", "quick")  # builtin: 32 prompts incl. two of 1,000+ tokens; quick: 8 of them
+BUILTIN = ("builtin", "quick")  # builtin: 36 prompts incl. two of 1,000+ tokens; quick: 12 of them
+# What each built-in set is written to drive, as engines.base.PATHS names: `diff` (main part + batching part) on it
+# takes each of these paths in the built-in engines (tests/evalsuite/test_prompts.py measures it), with the prompts
+# that do it. A user's set states nothing: diff reports the paths it measured.
+COVERS = {
+    "builtin": {
+        "multi_tile": "tile-129 and tile-255 run past one 128-slot attention tile; long-ledger and long-journey past "
+                      "the 512- and 768-slot windows",
+        "prefill_split": "long-ledger and long-journey (1,000+ tokens) make the first admission of the batching "
+                         "part too large for one prefill call",
+        "shared_prefix_unaligned": "tile-127, tile-128, tile-129 and tile-255 share a 126-token prefix (not a "
+                                   "power of two)",
+        "refill_group": "36 prompts, more than any engine's rows, ending in pairs (the batching part's stops)",
+        "shrink": "the batching part's last rows end one by one",
+        "stop": "chat prompts end at end-of-turn; the rest at their staggered stops",
+    },
+    "quick": {
+        "multi_tile": "tile-129 and long-600 run past one 128-slot attention tile",
+        "prefill_split": "long-600 makes the first admission of the batching part too large for one prefill call",
+        "shared_prefix_unaligned": "tile-127, tile-128, tile-129 and long-600 share a 126-token prefix",
+        "refill_group": "12 prompts, more than the megakernel's 8 rows, ending in pairs",
+        "shrink": "the batching part's last rows end one by one",
+        "stop": "every prompt at its staggered stop",
+    },
+}
 
 
 @dataclass(frozen=True)
