@@ -163,31 +163,35 @@ def test_shared_context_is_prefilled_once(mini_llama, engine):
 @pytest.mark.parametrize("engine", ["reference", "megakernel"])
 @pytest.mark.parametrize("prefix_len", [0, MIN_SHARED_PREFIX + 8])
 def test_continuous_batching_matches_each_prompt_alone(mini_llama, engine, prefix_len):
-    """More prompts than rows, answers of many lengths: finished rows are refilled with waiting prompts
-    (their K/V written into the freed rows); every prompt's tokens and top logprobs are those it gets
-    alone, and on_result reports each prompt once, as it finishes."""
+    """More prompts than the engine's real rows (its max_batch), answers of many lengths: finished rows are
+    refilled with waiting prompts, two or more at once (their K/V written into the freed rows); every prompt's
+    tokens and top logprobs are those it gets alone, and on_result reports each prompt once, as it finishes."""
+    from engines.base import PathLog
     from engines.loop import greedy_all
     from evalsuite.engines import make_engine
 
     eng = make_engine(engine, mini_llama, "float32", None)
+    rows = eng.max_batch
     rng = np.random.default_rng(21)
     V = mini_llama.config.vocab_size
     head = rng.integers(3, V, prefix_len).tolist()
-    prompts = [head + rng.integers(3, V, int(rng.integers(1, 30))).tolist() for _ in range(11)]
+    prompts = [head + rng.integers(3, V, int(rng.integers(1, 30))).tolist() for _ in range(rows + rows // 2 + 3)]
     stop_check = lambda ids: len(ids) >= 2 + ids[0] % 11  # noqa: E731  (answer lengths 2..12, row by row)
-    inserts, reported = [], []
+    inserts, reported, log = [], [], PathLog()
     insert = lambda state, *a: inserts.append(state is not None) or eng._insert_step(state, *a)  # noqa: E731
     extend = eng._extend_step if prefix_len else None
-    gens = greedy_all(eng._prefill_step, eng._decode_step, prompts, 12, (), 3, False, 4, extend=extend,
+    gens = greedy_all(eng._prefill_step, eng._decode_step, prompts, 12, (), 3, False, rows, extend=extend,
                       stop_check=stop_check, shrink=eng._shrink_step, insert=insert,
-                      on_result=lambda i, g: reported.append((i, g)))
+                      on_result=lambda i, g: reported.append((i, g)), log=log)
     assert sum(inserts) >= 2, "no row was refilled"
+    assert log.counts.get("refill_group"), log.counts  # a refill of two or more rows at once
+    assert log.counts.get("shrink"), log.counts
     assert sorted(i for i, _ in reported) == list(range(len(prompts)))
     assert all(gens[i] is g for i, g in reported)
     lengths = {len(g.token_ids) for g in gens}
     assert len(lengths) >= 3, lengths
     for p, g in zip(prompts, gens):
-        alone = greedy_all(eng._prefill_step, eng._decode_step, [p], 12, (), 3, False, 4, stop_check=stop_check)[0]
+        alone = greedy_all(eng._prefill_step, eng._decode_step, [p], 12, (), 3, False, rows, stop_check=stop_check)[0]
         assert g.prompt_ids == p
         assert g.token_ids == alone.token_ids
         np.testing.assert_array_equal(g.top_ids, alone.top_ids)

@@ -143,7 +143,10 @@ SHORT = [11, 30]  # one 64-slot window: one kernel compilation per fault
 CROSSING = [126, 30]  # row 0 runs from position 126 to 142: windows of 128 and 256 slots (1 and 2 tiles)
 
 
-@pytest.mark.parametrize("fault", FAULTS)
+BF16_ONLY = [f for f in FAULTS if BY_NAME[f].needs.startswith("bf16")]  # one extra rounding: a float32 no-op
+
+
+@pytest.mark.parametrize("fault", [f for f in FAULTS if f not in BF16_ONLY])
 def test_each_fault_changes_output(engines, mini_llama, mini_moe, fault):
     """Dense faults on mini-llama, MoE ones on mini-moe (the cheaper kernel where it shows)."""
     model = mini_moe if BY_NAME[fault].needs == "moe" or fault == "norm_eps" else mini_llama
@@ -168,6 +171,26 @@ def test_each_fault_changes_output(engines, mini_llama, mini_moe, fault):
     if BY_NAME[fault].needs == "batch":  # the rows are what it breaks: row 0 alone is exactly the faithful one
         np.testing.assert_array_equal(eng.decode_forced(prompts[:1], conts[:1])[0],
                                       faithful.decode_forced(prompts[:1], conts[:1])[0])
+
+
+@pytest.mark.parametrize("fault", BF16_ONLY)
+def test_bf16_only_faults_are_float32_noops(engines, mini_llama, fault):
+    """A rounding the recipe does not have: bitwise nothing in float32, a change in bfloat16 (past 256 positions
+    for the rounded position), on the kernel's decode steps only."""
+    rng = np.random.default_rng(6)
+    prompts = [rng.integers(3, 259, size=n).tolist() for n in (300, 30)]
+    conts = [rng.integers(3, 259, size=N_STEPS + 1).tolist() for _ in prompts]
+    for a, b in zip(engines["mini-llama"]["f32"].decode_forced(prompts, conts),
+                    MegakernelEngine(mini_llama.weights, fault=fault).decode_forced(prompts, conts)):
+        np.testing.assert_array_equal(a, b)
+    good = engines["mini-llama"]["bf16"].decode_forced(prompts, conts)
+    bad = MegakernelEngine(mini_llama.weights, "bfloat16", fault=fault).decode_forced(prompts, conts)
+    deltas = [float(np.abs(b[1:] - g[1:]).max()) for g, b in zip(good, bad)]
+    print(fault, deltas)
+    for g, b in zip(good, bad):
+        assert np.isfinite(b).all()
+        np.testing.assert_array_equal(b[0], g[0])  # the prefill's row: no fault there
+    assert max(deltas) > 1e-3
 
 
 def test_router_fault_needs_moe(mini_llama):
