@@ -104,15 +104,22 @@ def synthetic(prompts: Sequence[Sequence[int]], budget: int, max_context: int) -
     return out
 
 
-def plan(prompts: Sequence[Sequence[int]], budget: int, rows: int = 8) -> list[Call]:
+def plan(prompts: Sequence[Sequence[int]], budget: int, rows: int = 8, own: int | None = None,
+         synthetic_prefix: Sequence[int] = ()) -> list[Call]:
     """The calls: every prompt at once, longest first, the list cycled until it holds more than twice the
-    engine's rows (so a small set still makes it refill, in groups, and shrink); then each prefix group
-    (prefix_groups)."""
+    engine's rows (so a small set still makes it refill, in groups, and shrink); then each prefix group of the
+    set's own prompts (the first `own`; prefix_groups), and the synthetic prefix prompts after them, if any, as a
+    group of their own (indices synthetic_prefix: they share SYNTH_PREFIX tokens by construction, whatever else
+    they share with the set)."""
+    own = len(prompts) if own is None else own
     longest = int(np.argmax([len(p) for p in prompts]))
     order = [longest] + [i for i in range(len(prompts)) if i != longest]
     order = (order * (MIN_ROWS_FACTOR * rows // len(order) + 1))[:max(len(order), MIN_ROWS_FACTOR * rows + 2)]
     calls = [Call("all prompts", tuple(order), tuple(_stops(len(order), budget)))]
-    for k, (idx, shared) in enumerate(prefix_groups(prompts)):
+    groups = prefix_groups(prompts[:own])
+    if len(synthetic_prefix) > 1:
+        groups.append((list(synthetic_prefix), SYNTH_PREFIX))
+    for k, (idx, shared) in enumerate(groups):
         calls.append(Call(f"shared prefix {k + 1} ({shared} tokens)", tuple(idx), tuple(_stops(len(idx), budget)),
                           shared))
     return calls
@@ -145,28 +152,35 @@ def _versus_main(eg: Generation, main: Generation | None) -> dict | None:
     return {"tokens_identical": same, "max_dlogprob": d}
 
 
-def _judge_row(i: int, eg: Generation, n: int, call: str, tracks, refs, mains, ids, tol, tok) -> dict:
-    """Prompt i's generation in a call, against the reference's track cut at n (where it stops)."""
-    how = text.resolve(tok, tracks[i][:n], eg)
+def _judge_row(i: int, eg: Generation, n: int, call: str, lists, tol, tok, second_look) -> dict:
+    """Prompt i's generation in a call, against the reference's track cut at n (where it stops); a flagged one
+    judged again by second_look (the main part's witnesses)."""
+    prompts, ids, tracks, refs, mains = lists
+    how = text.resolve(tok, tracks[i][:n], eg, prefix=True)
     if how == "unresolved":
         return {"id": ids[i], "call": call, "compared_as": how, "real_positions": [],
                 "note": "no token ids and text that is not valid UTF-8: not judged"}
     rec = rule.compare_prompt(tracks[i][:n], cut(refs[i], n), None, eg, tol, ends=True)
+    if rec["real_positions"] and second_look is not None:
+        rec = second_look(prompts[i], tracks[i][:n], cut(refs[i], n), eg, rec)
     return {"id": ids[i], "call": call, "reference_end": n, "engine_end": len(eg.token_ids),
             "engine_finish": eg.finish_reason, "real_positions": rec["real_positions"],
             "first_divergence": rec["first_divergence"], "max_dlogprob": rec["tf"]["max_dlogprob"],
-            "versus_main_part": _versus_main(eg, mains[i])}
+            "versus_main_part": _versus_main(eg, mains[i]),
+            **{k: rec[k] for k in ("conditioning", "routing_note") if k in rec}}
 
 
 def run(eng, prompts: Sequence[Sequence[int]], ids: Sequence[str], tracks: Sequence[list[int]],
         refs: Sequence[Forced], mains: Sequence[Generation | None], budget: int, stop_ids: Sequence[int],
         tol: rule.Tolerances, tok=None, progress: Callable[[str], None] = lambda s: None, reference=None,
-        max_context: int = 0) -> dict:
+        max_context: int = 0, second_look: Callable | None = None) -> dict:
     """The batching part over one engine. tracks: the reference's greedy tokens per prompt (budget long), refs
     its records along them (full logits); mains: the engine's main-part generations; tok: the model's tokenizer, for
     an engine whose ids are rebuilt from text (text.resolve). reference (the float32 judge) and max_context: synthetic
     prompts are added where the set lacks a long prompt or a long shared prefix (synthetic()), their tracks
-    from the reference. Returns the part's record: per call and per prompt, the judgement, and real mismatches."""
+    from the reference. second_look(prompt, tokens, track, generation, record): a flagged row judged again as
+    the main part judges its flagged prompts (witness.SecondLook). Returns the part's record: per call and per
+    prompt, the judgement, and real mismatches."""
     t0 = time.time()
     added = synthetic(prompts, budget, max_context) if reference is not None else []
     if added:
@@ -178,13 +192,16 @@ def run(eng, prompts: Sequence[Sequence[int]], ids: Sequence[str], tracks: Seque
         refs, mains = list(refs) + [g.track() for g in gens], list(mains) + [None] * len(added)
     stop_set = {int(s) for s in stop_ids}
     calls, rows, real = [], [], 0
-    for call in plan(prompts, budget, eng.max_batch):
+    own = len(prompts) - len(added)
+    synth_prefix = [own + k for k, (a, _) in enumerate(added) if a.startswith("synthetic-prefix")]
+    for call in plan(prompts, budget, eng.max_batch, own, synth_prefix):
         targets = {tuple(tracks[i][:s]) for i, s in zip(call.order, call.stops)}
         ends = [expected_end(tracks[i], s, stop_set, targets) for i, s in zip(call.order, call.stops)]
         progress(f"diff: batching part, {call.name}: {len(call.order)} prompts in one call, staggered stops")
         gens = eng.generate([prompts[i] for i in call.order], budget, stop_ids=sorted(stop_set), top_k=5,
                             stop_check=lambda got, t=targets: tuple(got) in t)
-        judged = [_judge_row(i, eg, n, call.name, tracks, refs, mains, ids, tol, tok)
+        lists = (prompts, ids, tracks, refs, mains)
+        judged = [_judge_row(i, eg, n, call.name, lists, tol, tok, second_look)
                   for i, eg, n in zip(call.order, gens, ends)]
         rows += judged
         real += sum(len(r["real_positions"]) for r in judged)

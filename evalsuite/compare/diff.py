@@ -8,7 +8,8 @@ The parts, in order (docs/verdicts.md, "What a PASS covers"):
    and splits its prefill as a benchmark makes it; prefix groups in calls of their own.
 3. Engine paths (coverage.py): what the engine says ran; a declared path never driven keeps the verdict off PASS.
 4. bf16: drift and logit scale against the reference's recipe, the recipe check against the engine's declared
-   recipe (recipe_check.py), routing near-ties on MoE models (routing.py), the engine's float32 build (build.py).
+   recipe (recipe_check.py), routing near-ties on MoE models (routing.py), the engine's float32 build on the
+   fixed batches (build.py).
 5. At the first real mismatch, bisection in the failing context, then alone (bisect.py).
 6. Batch invariance and determinism (invariance.py); `--require batch-invariance` makes it a condition.
 Verdict: FAIL on any real mismatch (either part), bf16 drift, logit scale or recipe, non-determinism, a required
@@ -68,6 +69,7 @@ class DiffSpec:
     seed: int = 0  # --require batch-invariance: the batches' request order
     float32_build: bool = True  # bf16: also diff the engine built in float32 (evalsuite/compare/build.py)
     batching: bool = True  # the batching part: every prompt in one call, staggered stops (compare/batching.py)
+    main_only: bool = False  # the float32 build of a bf16 diff: fixed batches only, the bf16 run drove the paths
 
     def __post_init__(self):
         if self.against != "reference":
@@ -248,9 +250,13 @@ def _batching_part(run: _Run, progress: Callable[[str], None]) -> dict:
     rec = batching.run(run.eng, [run.encoded[i][1] for i in idx], [run.encoded[i][0].id for i in idx],
                        [run.ref_tokens[i] for i in idx], [run.tracks[i] for i in idx],
                        [run.mains.get(i) for i in idx], run.spec.max_new_tokens, run.eos(), run.tol, tok,
-                       progress, reference=run.ref, max_context=run.model.config.max_context)
+                       progress, reference=run.ref, max_context=run.model.config.max_context,
+                       second_look=witness.SecondLook(run.ref, run.recipe, run.orders, run.tol, run.witnessed,
+                                                      routing.largest_move(run.margins)))
     for row in rec["per_prompt"]:
         _texts(tok, row.get("first_divergence"))
+        if row.get("routing_note"):  # real positions at routing near-ties: not judged, so no PASS on them
+            run.blocking.append(f"batching part, prompt {row['id']}: {row['routing_note']}")
     if rec["unresolved"]:
         run.blocking.append(f"batching part: {len(rec['unresolved'])} prompts came back as text that is not valid "
                             "UTF-8 and differs from the reference's: not judged")
@@ -261,13 +267,16 @@ def _diff_one(spec: DiffSpec, progress: Callable[[str], None]) -> DiffResult:
     t0 = time.time()
     run = _setup(spec)
     _main_part(run, progress)
-    part = _batching_part(run, progress) if spec.batching else {
-        "run": False, "why": "turned off (--no-batching): no refill, shrink, stop or split prefill was driven"}
+    if spec.main_only:  # said, not blocking: the bf16 run this build belongs to drove and judged those paths
+        part = {"run": False, "why": build.MAIN_ONLY}
+    else:
+        part = _batching_part(run, progress) if spec.batching else {
+            "run": False, "why": "turned off (--no-batching): no refill, shrink, stop or split prefill was driven"}
     paths = coverage.report(run.eng)
-    run.blocking.extend(coverage.blocking(paths))
+    (run.not_checked if spec.main_only else run.blocking).extend(coverage.blocking(paths))
     if not paths["reported"]:
         run.not_checked.append(paths["why"])
-    if not spec.batching:
+    if not spec.batching and not spec.main_only:
         run.blocking.append(f"batching part: {part['why']}")
     own = recipe_check.check(run.eng, run.model, [(p.id, ids) for p, ids in run.encoded],
                              [run.ref_tokens[i] for i in range(len(run.encoded))], run.recipe, run.orders,

@@ -44,7 +44,8 @@ def summary(values) -> dict:
 def rank_errors(lp_at, ref_vals: np.ndarray, ids: np.ndarray, vals: np.ndarray) -> np.ndarray:
     """Per position, the largest error over every rank an engine reported (ids, vals [n, k]; -1 / NaN where it gave
     fewer): its logprob for each id against the judge's logprob of that id (lp_at(j, id)), and its r-th value
-    against the judge's r-th largest (ref_vals [n, k'], sorted). An id swapped with another's value, values
+    against the judge's r-th largest (ref_vals [n, k'], sorted); an id outside a top-k judge's record is judged by
+    its rank only. An id swapped with another's value, values
     renormalised over the top-k, or ids that are not the top-k all show; a near-tie at the k-th place moves
     neither by more than the tie. NaN where nothing was reported."""
     ids, vals = np.asarray(ids), np.asarray(vals, np.float64)
@@ -54,7 +55,8 @@ def rank_errors(lp_at, ref_vals: np.ndarray, ids: np.ndarray, vals: np.ndarray) 
         given = np.flatnonzero((ids[j] >= 0) & ~np.isnan(vals[j]))
         if not given.size:
             continue
-        own = max(abs(vals[j, r] - lp_at(j, int(ids[j, r]))) for r in given)
+        judged = [lp_at(j, int(ids[j, r])) for r in given]  # -inf: outside a top-k judge's record, unknown
+        own = max((abs(vals[j, r] - v) for r, v in zip(given, judged) if np.isfinite(v)), default=0.0)
         m = [r for r in given if r < ref_vals.shape[1] and np.isfinite(ref_vals[j, r])]
         by_rank = max((abs(vals[j, r] - ref_vals[j, r]) for r in m), default=0.0)
         out[j] = max(own, by_rank)

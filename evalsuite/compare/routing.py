@@ -82,3 +82,11 @@ def routing_margins(ref, recipe, prompt, track) -> tuple[np.ndarray, np.ndarray]
     a, b = ref.score([seq], want_taps=True)[0], recipe.score([seq], want_taps=True)[0]
     return (a.routing_margins[len(prompt) - 1:],
             routing_move(a.routing_layers, a.routing_experts, b.routing_layers, b.routing_experts))
+
+
+def largest_move(margins: dict) -> float | None:
+    """bf16 on an MoE model: the largest move the reference's bf16 recipe made to a routing margin (margins: prompt
+    -> (margins, moves), as routing_margins gives them); None where there are none (no MoE, or float32)."""
+    if not margins:
+        return None
+    return max((float(np.max(mv)) for _, mv in margins.values() if len(mv)), default=0.0)

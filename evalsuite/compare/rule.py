@@ -161,7 +161,7 @@ def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generati
     b = position_bounds(tol, n, conditioning)
     ref_tok_lp = np.asarray(ref.token_logprobs, np.float64)
     real, benign, dist = set(), set(), set()
-    dlogit = kl = dlp = None
+    dlogit = kl = dlp = tok_d = None
     agree = np.ones(n, bool)
     arg = None
     if forced is not None and forced.logits is not None:
@@ -177,7 +177,7 @@ def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generati
             dlp = np.abs(np.take_along_axis(elp, ids, axis=-1) - np.asarray(ref.top_logprobs, np.float64)).max(-1)
             within = dlp <= b["logprob"]
     elif forced is not None:
-        dlp = np.abs(np.asarray(forced.token_logprobs, np.float64) - ref_tok_lp)
+        dlp = tok_d = np.abs(np.asarray(forced.token_logprobs, np.float64) - ref_tok_lp)
         ref_vals = np.asarray(ref.top_logprobs, np.float64)
         ranks = metrics.rank_errors(lp_at, ref_vals, forced.top_ids, forced.top_logprobs)
         dlp = np.fmax(dlp, ranks)  # every rank the engine reported, not only the judge's token
@@ -246,7 +246,8 @@ def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generati
                    "max_dlogprob": _nanmax(np.concatenate([dlp if dlp is not None else [], gen_d])),
                    "dlogprob_generated": [float(x) for x in gen_d],
                    "argmax_agreement": float(agree.mean()) if arg is not None else float(upto / max(n, 1))},
-            "_matched": matched, "_drift": (kl if kl is not None else dlp)}
+            # drift: what the recipe's record gives too (over an API the token's |Δlogprob|, not every rank's)
+            "_matched": matched, "_drift": kl if kl is not None else tok_d if tok_d is not None else dlp}
 
 
 def position_bounds(tol: Tolerances, n: int, conditioning: tuple[np.ndarray, np.ndarray] | None) -> dict:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 
-def resolve(tok, tokens: list[int], eg) -> str | None:
+def resolve(tok, tokens: list[int], eg, prefix: bool = False) -> str | None:
     """None when the engine's ids are its own; else "text" when its text equals the judge's for tokens (its ids
-    are then set to tokens), or "unresolved" when it differs."""
+    are then set to tokens), or "unresolved" when it differs. prefix: the generation was cut by a stop check the
+    server never saw (the batching part's staggered stops), so its text may run on past the judge's."""
     if eg.ids_exact:
         return None
-    if tok is not None and eg.text == tok.decode(list(tokens)):
+    want = tok.decode(list(tokens)) if tok is not None else None
+    if want is not None and (eg.text == want or (prefix and eg.text.startswith(want))):
         n = len(tokens)
         eg.token_ids, eg.ids_exact = list(tokens), True
         if len(eg.top_logprobs) != n:  # the server's per-token logprobs do not line up: drop them

@@ -95,7 +95,7 @@ class OrderSpread:
 
 
 def with_witness(ref, prompt, rg, fo, eg, tol, eos_ids, rec: dict, witnessed: list, track=None,
-                 recipe=None, orders: OrderSpread | None = None) -> dict:
+                 recipe=None, orders: OrderSpread | None = None, ends: bool = False) -> dict:
     """rec: compare_prompt's record of one prompt with flagged positions; returns it judged again under the
     widened bounds, with what the witness measured at each flagged position under rec["conditioning"].
     orders (bf16): the recipe's other reduction orders, run where flags survive the one recipe."""
@@ -108,7 +108,8 @@ def with_witness(ref, prompt, rg, fo, eg, tol, eos_ids, rec: dict, witnessed: li
         rec["conditioning"] = {"run": False, "why": str(e)}
         return rec
     track = track or rg.track()
-    again = rule.compare_prompt(rg.token_ids, track, fo, eg, tol, eos_ids=eos_ids, conditioning=(own, own_kl))
+    again = rule.compare_prompt(rg.token_ids, track, fo, eg, tol, eos_ids=eos_ids, conditioning=(own, own_kl),
+                                ends=ends)
     spread: dict = {"run": False, "why": "float32: the judge's float64 math is its exact witness" if tol.dtype ==
                     "float32" else "the one recipe cleared every flagged position"}
     if tol.dtype != "float32" and again["real_positions"]:
@@ -122,7 +123,8 @@ def with_witness(ref, prompt, rg, fo, eg, tol, eos_ids, rec: dict, witnessed: li
             spread = {"run": True, "seeds": list(ORDER_SEEDS), "dlogit": [e[0] for e in errs]}
             own = np.maximum.reduce([own, *(e[0] for e in errs)])
             own_kl = np.maximum.reduce([own_kl, *(e[1] for e in errs)])
-            again = rule.compare_prompt(rg.token_ids, track, fo, eg, tol, eos_ids=eos_ids, conditioning=(own, own_kl))
+            again = rule.compare_prompt(rg.token_ids, track, fo, eg, tol, eos_ids=eos_ids,
+                                        conditioning=(own, own_kl), ends=ends)
     bounds = rule.position_bounds(tol, len(own), (own, own_kl))
     at = {int(j): {"judge_own_dlogit": float(own[j]), "judge_own_kl": float(own_kl[j]),
                    "dlogit_bound": float(bounds["dlogit"][j]), "kl_bound": float(bounds["kl"][j]),
@@ -151,3 +153,30 @@ def summary(witnessed: list[dict], dtype: str) -> dict:
             "measured": WHAT[dtype],
             "rule": f"a flagged {dtype} position is bounded by max(DLOGIT_TOL, {f:g}e) and max(KL_TOL, {f * f:g}k), e "
                     f"and k the judge's own |Δlogit| and KL there ({WHAT[dtype]}; evalsuite/compare/rule.py)"}
+
+
+class SecondLook:
+    """A prompt the batching part flags, judged again as diff's main part judges its flagged prompts: the
+    conditioning witness (the judge's own error at each position; in bf16 the recipe's, then its other orders),
+    then, on a bf16 MoE model, real positions at the reference's routing near-ties taken out (routing.py; the
+    bound from the main part's largest rounding move). What the recipe needs is computed here, on the reference."""
+
+    def __init__(self, ref, recipe, orders: OrderSpread | None, tol, witnessed: list, moved: float | None):
+        self.ref, self.recipe, self.orders, self.tol = ref, recipe, orders, tol
+        self.witnessed, self.moved = witnessed, moved
+
+    def __call__(self, prompt, tokens, track, eg, rec: dict) -> dict:
+        from engines.base import Generation
+        from evalsuite.compare import routing
+
+        rg = Generation(list(prompt), list(tokens), track.top_ids, track.top_logprobs, "stop", track.logits)
+        rl = self.recipe.forced_topk([prompt], [list(tokens)], 5, want_logits=True)[0] if self.recipe else None
+        rec = with_witness(self.ref, prompt, rg, None, eg, self.tol, (), rec, self.witnessed, track, rl, self.orders,
+                           ends=True)
+        if rec["real_positions"] and self.moved is not None and len(tokens):
+            margins = routing.routing_margins(self.ref, self.recipe, prompt, tokens)
+            own = rule.compare_prompt(tokens, track, rl, None, self.tol)["real_positions"]
+            ties = routing.routing_ties([rec], {0: margins}, self.moved, {0: own})
+            if ties["positions_not_judged"]:
+                rec["routing_note"] = ties["note"]
+        return rec

@@ -6,6 +6,7 @@ into one forced_topk call the same way. Both run the engine on one thread, so ca
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -201,7 +202,8 @@ def self_check(engine, tok) -> dict:
     rec = compare_prompt(g.token_ids, g.track(), f, None, Tolerances.for_dtype(engine.dtype))
     bad = rec["real_positions"]
     d = rec["tf"]["max_dlogprob"]
+    d = d if d is not None and math.isfinite(d) else None  # strict JSON in /v1/models: no inf, no NaN
     return {"verdict": "FAIL" if bad else "PASS", "positions": len(g.token_ids), "real_positions": bad,
             "max_dlogprob": d, "detail": (f"generation and teacher-forced scoring of {len(g.token_ids)} tokens "
                                           f"{'disagree at positions ' + str(bad) if bad else 'agree'} "
-                                          f"(max |Δlogprob| {d:.3g})")}
+                                          f"(max |Δlogprob| {'not finite' if d is None else f'{d:.3g}'})")}

@@ -69,7 +69,7 @@ def test_a_bf16_diff_runs_the_witness_on_the_recipe_and_a_real_bug_still_fails(m
     """mini-llama, real engines: kv_stale's flagged bf16 positions are judged again with the reference's own
     bf16 recipe's error there, and the bug still FAILs (its errors dwarf the recipe's)."""
     r = run_diff(DiffSpec(model="mini-llama", dtype="bfloat16", fault="kv_stale", prompts="quick", max_new_tokens=8,
-                          float32_build=False)).to_json()
+                          float32_build=False, batching=False)).to_json()
     w = r["conditioning_witness"]
     assert r["verdict"] == "FAIL" and r["real_mismatches"] > 0
     assert w["run"] == w["prompts"] > 0 and "bf16 recipe" in w["measured"]
@@ -85,7 +85,8 @@ def test_where_the_witness_cannot_run_the_flags_stand_and_are_named(mini_llama, 
     import engines.reference.engine as ref_engine
 
     monkeypatch.setattr(ref_engine, "WITNESS_MAX_BYTES", 0)
-    r = run_diff(DiffSpec(model="mini-llama", fault="drop_layer", prompts="quick", max_new_tokens=4)).to_json()
+    r = run_diff(DiffSpec(model="mini-llama", fault="drop_layer", prompts="quick", max_new_tokens=4,
+                          batching=False)).to_json()
     assert r["verdict"] == "FAIL" and r["real_mismatches"] > 0
     w = r["conditioning_witness"]
     assert w["run"] == 0 and w["not_run"] == w["prompts"] > 0

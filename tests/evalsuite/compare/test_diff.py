@@ -93,11 +93,11 @@ def _catalogue_case(dtype: str, fault: str):
                                           if d == "bfloat16" or f not in BF16_ONLY])
 def test_every_fault_fails_in_both_dtypes_on_the_minis(mini_llama, fault, dtype):
     model = "mini-moe" if BY_NAME[fault].needs == "moe" or fault == "norm_eps" else "mini-llama"
-    # CI's two bf16 cases test the bf16 rules themselves (drift, logit scale): without the float32 build, which
-    # FAILs both faults as well (test_float32_build covers it)
+    # CI's bf16 cases test the bf16 rules themselves (drift, logit scale, recipe check): without the float32 build,
+    # which FAILs the first two as well (test_float32_build covers it), and the batching part (test_batching)
     spec = DiffSpec(model=model, fault=fault, dtype=dtype, **(QUICK if dtype == "float32" else QUICK32),
                     require=("batch-invariance",) if fault == "batch_variant" else (),
-                    float32_build=(dtype, fault) not in IN_CI)
+                    float32_build=(dtype, fault) not in IN_CI, batching=(dtype, fault) not in IN_CI)
     r = run_diff(spec).to_json()
     assert r["verdict"] == "FAIL", (fault, dtype, r["real_mismatches"], r["bf16_drift"])
     if (fault, dtype) == ("final_norm_eps", "bfloat16"):  # under every per-position bound and the drift bound
@@ -159,7 +159,7 @@ def test_cli_exit_codes_and_json(tmp_path, mini_llama):
     assert out["batching"]["run"] and out["batching"]["real_mismatches"] == 0 and out["batching"]["prompts"] > 12
     for f in ("report.md", "results.json", "dlogit.png"):
         assert (tmp_path / "rep" / f).stat().st_size > 0
-    bad = run("--fault", "drop_layer", "--json")
+    bad = run("--fault", "drop_layer", "--json", "--no-batching")  # the main part FAILs it (the batching part: below)
     assert bad.returncode == 1, bad.stderr
     r = json.loads(bad.stdout)
     assert r["verdict"] == "FAIL" and r["real_mismatches"] > 0
