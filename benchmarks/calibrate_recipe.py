@@ -31,12 +31,15 @@ def main() -> None:
     ap.add_argument("--prompts", default="builtin")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--faults", default=",".join(FAULTS))
+    ap.add_argument("--shortest", type=int, default=0, help="tap only the N shortest prompts (0: the check's own pick)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     t0 = time.time()
     model = load_model(a.model)
     prompts = [(p.id, p.encode(model.tokenizer)) for p in load_prompts(a.prompts).prompts]
     prompts = [(i, ids) for i, ids in prompts if len(ids) + a.max_new_tokens <= model.config.max_context]
+    if a.shortest:
+        prompts = sorted(prompts, key=lambda p: len(p[1]))[:a.shortest]
     ref = judge(model)
     tracks = [g.token_ids for g in ref.generate([ids for _, ids in prompts], a.max_new_tokens, top_k=1)]
     rows, judges = {}, {}
@@ -56,7 +59,9 @@ def main() -> None:
         over = int((e > np.maximum(recipe_check.FACTOR * o, recipe_check.FLOOR)).sum())
         print(f"{name:18s} ok={rec['ok']!s:5s} layer 0: engine {e.min():.1e}-{e.max():.1e}, "
               f"orders {o.min():.1e}-{o.max():.1e}, prompts over {over}/{len(e)}", flush=True)
-    out = {"model": a.model, "weights_sha256": model.weights.sha256, "prompts": a.prompts,
+    out = {"model": a.model, "shortest": a.shortest,
+           "prompt_tokens": {i: len(ids) for i, ids in prompts}, "weights_sha256": model.weights.sha256,
+           "prompts": a.prompts,
            "max_new_tokens": a.max_new_tokens, "factor": recipe_check.FACTOR, "floor": recipe_check.FLOOR,
            "majority": recipe_check.MAJORITY, "tap_prompts": recipe_check.TAP_PROMPTS,
            "decoded_steps": recipe_check.TAP_DECODED, "order_seeds": list(witness.ORDER_SEEDS), "rows": rows,
