@@ -366,33 +366,3 @@ def source_fingerprint(package_dir, spec: dict) -> str:
     h.update(json.dumps({"jax": version("jax"), "jaxlib": version("jaxlib"), "spec": spec},
                         sort_keys=True, default=str).encode())
     return h.hexdigest()
-
-
-# Compiled programs kept on disk between processes (jax's persistent compilation cache): a cold run pays
-# for compiling each shape once per machine, not once per process. Off with EVALSUITE_COMPILE_CACHE=off;
-# elsewhere with EVALSUITE_COMPILE_CACHE=DIR. A directory the user set for jax already is left alone.
-COMPILE_CACHE_MIN_SECONDS = 0.5  # programs that compile faster are not worth a disk entry
-# No size limit is set: jax's size-limited (LRU) cache warned "Error writing persistent compilation cache
-# entry ... -atime: FileNotFoundError" here; an entry is about 0.3 MB (740 KB for a generate's three).
-
-
-def use_compile_cache() -> str | None:
-    """Turn on jax's persistent compilation cache (idempotent); returns its directory or None."""
-    import os
-
-    import jax
-
-    setting = os.environ.get("EVALSUITE_COMPILE_CACHE", "")
-    if setting.lower() in ("off", "0", "false", "no"):
-        return None
-    current = jax.config.jax_compilation_cache_dir
-    if current:
-        return current
-    path = Path(setting or Path.home() / ".cache" / "evalsuite" / "jax").expanduser()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None  # a read-only home: compile in memory as before
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", COMPILE_CACHE_MIN_SECONDS)
-    return str(path)

@@ -96,11 +96,11 @@ class Group(click.Group):
 def main(ctx, mesh, num_processes, process_id, coordinator) -> None:
     """evalsuite: does a fused inference engine lose accuracy against an independent reference?"""
     from evalsuite import distributed
-    from evalsuite.jaxcache import enable
+    from engines import compile_cache
 
     distributed.set_mesh(mesh)
     distributed.initialize(ctx.invoked_subcommand, coordinator, num_processes, process_id)
-    enable()
+    compile_cache.enable()
 
 
 @main.command()

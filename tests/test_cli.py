@@ -126,3 +126,19 @@ def test_real_models_not_installed_or_unknown_are_one_line_errors(tmp_path):
                        timeout=60)
     assert_one_line_error(p, "unknown real model 'gemma9'")
     assert p.returncode == 2
+
+
+@pytest.mark.parametrize("setting", ["off", "mine"])
+def test_one_compile_cache_switch_rules_the_cli(tmp_path, setting):
+    """EVALSUITE_COMPILE_CACHE=off writes no cache entry anywhere (home, working folder, jax's own variable's
+    folder); EVALSUITE_COMPILE_CACHE=DIR writes there and nowhere else."""
+    jax_dir, mine, home, cwd = (tmp_path / d for d in ("jax-var", "mine", "home", "cwd"))
+    cwd.mkdir()
+    env = {**os.environ, "HOME": str(home), "JAX_COMPILATION_CACHE_DIR": str(jax_dir),
+           "EVALSUITE_COMPILE_CACHE": "off" if setting == "off" else str(mine)}
+    p = subprocess.run([sys.executable, "-m", "evalsuite.cli", "generate", "--engine", "reference", "--model",
+                        "mini-llama", "--max-new-tokens", "2", "--json"], capture_output=True, text=True,
+                       timeout=600, env=env, cwd=cwd)
+    assert p.returncode == 0, p.stderr[-2000:]
+    written = {f.relative_to(tmp_path).parts[0] for f in tmp_path.rglob("*") if f.is_file()}
+    assert written == (set() if setting == "off" else {"mine"})

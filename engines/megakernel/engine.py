@@ -24,8 +24,8 @@ from engines.base import (
     flag_option,
     next_pow2,
     source_fingerprint,
-    use_compile_cache,
 )
+from engines import compile_cache
 from engines.errors import ModelError, UnsupportedModel
 from engines.loop import (
     MIN_PREFILL_BUCKET,
@@ -218,7 +218,7 @@ class MegakernelEngine(Engine):
                              f"(model {weights.config.name}); use --engine reference, or another engine")
         c = self.config = weights.config
         self.name = "megakernel"
-        use_compile_cache()
+        compile_cache.enable()
         self.dtype, self.fault, self.weights_sha256 = dtype, fault, weights.sha256
         self.recipe = BF16_RECIPE if dtype == "bfloat16" else None
         self.fault_layer = c.n_layers // 2 if fault_layer is None else fault_layer

@@ -23,8 +23,8 @@ from engines.base import (
     check_prompts,
     next_pow2,
     source_fingerprint,
-    use_compile_cache,
 )
+from engines import compile_cache
 from engines.errors import ModelError
 from engines.lazy import as_lazy
 from engines.loop import MIN_PREFILL_BUCKET, cache_slots, forced_all, forced_from_decode, greedy_all
@@ -114,7 +114,7 @@ class ReferenceEngine(Engine):
         if dtype not in DTYPES:
             raise ModelError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
         self.name = "reference"
-        use_compile_cache()
+        compile_cache.enable()
         self.config = weights.config
         self.dtype = dtype
         self.recipe = (recipe or Recipe()) if dtype == "bfloat16" else None
