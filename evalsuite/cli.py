@@ -95,8 +95,8 @@ class Group(click.Group):
 @click.pass_context
 def main(ctx, mesh, num_processes, process_id, coordinator) -> None:
     """evalsuite: does a fused inference engine lose accuracy against an independent reference?"""
-    from evalsuite import distributed
     from engines import compile_cache
+    from evalsuite import distributed
 
     distributed.set_mesh(mesh)
     distributed.initialize(ctx.invoked_subcommand, coordinator, num_processes, process_id)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
+from engines import compile_cache
 from engines.base import (
     DTYPES,
     Capabilities,
@@ -25,7 +26,6 @@ from engines.base import (
     next_pow2,
     source_fingerprint,
 )
-from engines import compile_cache
 from engines.errors import ModelError, UnsupportedModel
 from engines.loop import (
     MIN_PREFILL_BUCKET,

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
+from engines import compile_cache
 from engines.base import (
     DTYPES,
     Capabilities,
@@ -24,7 +25,6 @@ from engines.base import (
     next_pow2,
     source_fingerprint,
 )
-from engines import compile_cache
 from engines.errors import ModelError
 from engines.lazy import as_lazy
 from engines.loop import MIN_PREFILL_BUCKET, cache_slots, forced_all, forced_from_decode, greedy_all
