@@ -31,7 +31,7 @@ MIN_SHARED_PREFIX = 32
 # megakernel attention tile), so that every short prompt shares one shape. At 64 a mini-llama `diff
 # --prompts quick` traced 8 distinct kernel shapes (1.6 s of Pallas tracing each, even from the
 # persistent cache); reading 128 slots instead of 64 cost smollm2 little (batch 8 at 256 slots: 154 ms
-# per step over a 64-slot window, 201 ms over all 256: 5 timed MegakernelEngine._decode_step calls, 2026-12-01).
+# per step over a 64-slot window, 201 ms over all 256: 5 timed MegakernelEngine._decode_step calls).
 MIN_WINDOW = 128
 # Continuous batching: once this share of a batch's rows (1/4) has finished while prompts are waiting,
 # the waiting ones are prefilled into the finished rows' places. Refilling one row at a time would

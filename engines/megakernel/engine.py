@@ -87,14 +87,11 @@ def hbm_arrays(w: Weights, dtype: str) -> dict:
     return out
 
 
-# Static specs whose compiled programs are kept. Each costs the process memory maps for its code (on CPU, interpret
-# mode: about 470 per spec on mini-llama after one generate, measured by a scratch loop over 9 faults; on smollm2 the
-# bf16 detection recheck held 18,537 maps after 3 faults, its reference and witnesses included). With 16 kept, the
+# Static specs whose compiled programs are kept. Each costs the process memory maps for its code (CPU, interpret
+# mode: about 470 a spec on mini-llama, about 1,070 on smollm2, scratch loops over the faults); with 16 kept, the
 # float32 detection recheck passed Linux's default vm.max_map_count (65,530) at its 14th fault and LLVM aborted
-# ("Unable to allocate section memory"); evicting a spec unmaps its code (the mini-llama loop stayed at about 1,460
-# maps with 2 kept, against 5,242 after 9 faults with 16). 6 keeps a run's faithful, faulty, bf16 and float32-build
-# specs. Under the default limit, smollm2 in float32, one spec per dense fault (1 prompt, 4 tokens each): about 1,070
-# maps a spec, then a plateau of 6,946-8,053 from the 6th spec on, through all 17 (scratch loop, 2026-12-03).
+# ("Unable to allocate section memory"). Evicting a spec unmaps its code: with 6, smollm2's maps plateau at
+# 6,946-8,053 through all 17 dense faults. 6 keeps a run's faithful, faulty, bf16 and float32-build specs.
 MAX_SPECS = 6
 
 

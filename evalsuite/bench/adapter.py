@@ -28,7 +28,7 @@ from evalsuite.stops import cut_at_stop, stop_check, visible_text
 DEFAULT_MAX_GEN_TOKS = 256
 DEFAULT_MAX_LENGTH = 2048
 # Part of every journal key: bump it when a cached result's meaning changes, so old journals are
-# not reused. 2: loglikelihood scored the continuation shifted by one before (fixed 2026-11-30).
+# not reused. 2: loglikelihood scored the continuation shifted by one before.
 # 3: keys hold the engine's fingerprint (its source, jax versions and static spec; for a server,
 # its reported identity and a canary), so a changed engine never reuses answers. 4: a server's model id
 # is keyed through its fingerprint (engines/base.py protocol), not read off the client object.

@@ -3,7 +3,7 @@
 An estimate shown while a run is in progress: the same extraction rules as the task YAMLs
 (GSM8K: last number, as flexible-extract; GPQA CoT: the last "(X)", as flexible-extract's
 group_select -1, which also maps a quoted choice text to its letter; multiple choice: the choice with
-the highest loglikelihood). On smollm2's full GPQA-Diamond CoT run (2026-12-02) the last "(X)" agreed
+the highest loglikelihood). On smollm2's full GPQA-Diamond CoT run the last "(X)" agreed
 with flexible-extract on 196 of 198 items; the earlier rule, "answer is (X)", on 162. The scores that
 count are lm-eval's, computed after the run. Docs that carry none of the known gold fields give no
 estimate (the bar then shows none).

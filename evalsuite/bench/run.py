@@ -120,7 +120,7 @@ def release_memory() -> None:
     """Give an engine's freed memory back between the two runs of `run`: drop jax's compiled programs (the
     persistent cache makes them cheap to reload) and return freed heap to the OS (glibc's malloc_trim).
     Measured with one process holding the megakernel and running the reference, then the megakernel, on 32
-    random prompts x 900 tokens + 64 new (smollm2, 2026-12-02): deleting the reference alone left RSS at 3.9
+    random prompts x 900 tokens + 64 new (smollm2): deleting the reference alone left RSS at 3.9
     GB and the megakernel's run peaked at 5.16 GB; with this, RSS fell to 1.56 GB and the peak stayed at the
     reference's 4.43 GB."""
     import ctypes

@@ -2,7 +2,7 @@
 behaviour (no code copied), so that the detection table (benchmarks/detection.py) can say which
 rule catches which fault. Each function judges one prompt and returns {"caught": bool, ...}.
 
-Sources (read 2026-12-01):
+Sources:
 - vLLM `check_logprobs_close` (vllm-project/vllm, tests/models/utils.py): walk both generations'
   token ids; at the FIRST mismatch each side's token must be among the other side's top-N logprobs,
   then stop comparing that prompt; lengths that differ are compared over the shared prefix. No

@@ -10,7 +10,7 @@ import numpy as np
 # bf16 on an MoE model: a position is at a routing near-tie when the float32 reference's routing margin there
 # (the smallest gap over the MoE layers between the k-th and (k+1)-th router choice scores) is below this factor
 # times the largest move the reference's own bf16 recipe makes to that margin in the same run (measured on the
-# reference alone). benchmarks/calibrate_routing.py, 32 prompts x 32 tokens (2026-12-01): the recipe moves the
+# reference alone). benchmarks/calibrate_routing.py, 32 prompts x 32 tokens: the recipe moves the
 # margin by up to 0.016 (mini-moe) and 0.045 (mini-gptoss), and its own token flips sat at margins <= 0.0041
 # (mini-moe) and <= 0.06 (mini-gptoss). 1.5x, as the per-position bf16 bounds: another bf16 engine rounds
 # differently from the recipe.

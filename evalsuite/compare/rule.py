@@ -1,74 +1,8 @@
-"""The one comparison rule and the one comparator (`compare_prompt`): an engine against the float32
-reference (or the reference's pinned golden outputs), position by position, over one record type
-(engines.base.Forced: tokens + top-k logprobs, full logits as an optional extra).
-
-Every engine (in-process with full logits, or over an HTTP API with top-k logprobs) is judged by
-the same rule; what an engine cannot show is reported as "not checked", never assumed fine.
-
-Tolerances are multiples of noise floors measured on the REFERENCE, never on the engine judged, each
-the larger of two prompt sets (smollm2-135m, 32 greedy tokens per prompt; `python
-benchmarks/calibrate_noise.py builtin` and `... varied`): builtin (32 prompts, 1,024 positions,
-2026-11-30) and varied (128 prompts of benchmarks/make_prompts.py's set, 9-1,215 tokens, raw and chat,
-code, numbers, unicode: 4,096 positions, disjoint from the detection table's 64; 2026-12-01):
-  float32 floor: the reference's full-sequence forward (score) against its own KV-cache decode on
-    the same tokens, same math in two XLA programs: max |Δlogit| 1.34e-4 / 1.91e-4, KL max
-    2.2e-10 / 5.5e-10 (builtin / varied). (The faithful megakernel, builtin, for information only:
-    1.24e-4 and 2.0e-10.)
-  bfloat16 floor: the reference in its bf16 recipe (bf16 weights and matmul inputs, f32
-    accumulation, residual and KV: what bf16 mode means for every engine) against itself in
-    float32: max |Δlogit| 0.653 / 0.749, p99 0.361 / 0.365; KL max 2.4e-3 / 3.9e-3, mean 1.3e-4 /
-    1.2e-4. The bounds below were first set from builtin alone (5e-4, 1e-9, 1.0, 3.6e-3); the
-    faithful bf16 megakernel then crossed them at 4 of 2,048 positions of the detection set, and
-    the varied set showed the floor itself was higher: the bounds follow the larger floor.
-DLOGIT_TOL: per position, max over the vocabulary of |Δlogit|: 4x the f32 floor, 1.5x the bf16 one.
-KL_TOL: per position KL(reference || engine): 4.5x the f32 floor, 1.5x the bf16 one.
-NOISE_TOL = 2 x DLOGIT_TOL: if no logit moves by more than T, a flip is only possible where the
-  reference's gap between its top-1 and the engine's token is below 2T. A flip is benign only
-  when the engine's token is within NOISE_TOL of the reference top-1 AND the position is within
-  DLOGIT_TOL and KL_TOL (or, over an API, LOGPROB_TOL): a token from far down the ranking, or a
-  position whose distribution moved, is real whatever the gap.
-LOGPROB_TOL = 2 x DLOGIT_TOL: |Δ log-softmax| of one token is at most twice the largest |Δlogit|.
-CHARACTER (float32 claims that FAIL): the same positions judged again under the bfloat16 bounds
-  say what kind of difference it is. Within them, the engine behaves like a lower-precision numeric
-  recipe (bf16 or quantised weights/activations; for scale, the reference's own bf16 recipe moves
-  the f32 token's logprob by at most 0.078 and flips only at gaps <= 0.035 on the builtin set,
-  `benchmarks/recipe_envelope.py`); beyond them, the difference is larger than numeric noise.
-SCALE (bf16, full logits): drift_check bounds magnitudes, so a systematic error smaller than the recipe's
-  rounding passes it (final_norm_eps on mini-llama: drift 1.17-1.22 against 1.3). Such an error moves every
-  position the same way: per prompt, the slope of the engine's centred logits regressed on the float32
-  reference's, minus 1 (rounding noise in the engine does not bias it; the reference is the regressor), less
-  the same slope of the reference's own bf16 recipe (the shared bf16 weights' own scale error). FAIL when the
-  mean over prompts of that difference is both significant (|t| > SCALE_T) and larger than SCALE_FACTOR x
-  (|mean| + sd) of the recipe's own slope over the same prompts (measured in the same run, on the reference).
-  Measured (`benchmarks/signed_bias.py`, builtin, 32 prompts, 2026-12-02): the faithful megakernel against
-  the recipe t +1.5 (mini-llama) and -0.8 (smollm2); final_norm_eps on mini-llama -3.7e-3, t -99. The
-  recipe's own slope against float32: mini-llama mean -2.0e-5, sd 7.8e-5; mini-moe -9.5e-4, sd 2.1e-3
-  (expert flips). On smollm2 neither norm_eps nor final_norm_eps moves it (t -0.3, -0.9): there they have
-  no measurable effect in bf16 at all.
-CONDITIONING: the floors above are typical positions. At an ill-conditioned one (large
-  logits, near-cancelling sums) two correct float32 implementations can differ by far more:
-  gen-0170-raw-repetition's first position (false-alarm run, 2026-12-02) had the faithful megakernel
-  1.07e-3 (2.0e-3 batched) from the reference against the bound 8e-4, because the reference itself was
-  5.66e-3 from float64 there (the megakernel 4.59e-3); over 64 varied prompts the reference's largest
-  distance from float64 was 1.93e-4 (`benchmarks/calibrate_f64.py --prompts 64`). So where a float32
-  position is flagged, diff measures the reference's own |Δlogit| e and KL k there against its own math
-  in float64 (ReferenceEngine.float64_logits: the judge, never the engine), and bounds that position by
-  max(DLOGIT_TOL, 2e) and max(KL_TOL, 4k): the engine is assumed no farther from exact than the judge
-  (measured: 4.59e-3 < 5.66e-3), so the two differ by at most 2e; the KL, quadratic in the logit error,
-  by 4k; NOISE and LOGPROB follow at 2x the position's |Δlogit| bound. Elsewhere nothing changes.
-  bfloat16 likewise, the witness being the reference's own bf16 recipe against the float32 reference at that
-  position (what the bf16 bounds are 1.5x the worst of, over 5,120 calibration positions): 1.5e and 2.25k.
-  The 1,000-prompt false-alarm run found positions beyond that worst (2026-12-02, 93093bd): at
-  gen-0020-raw-repetition's position 16 the recipe itself is 5.67 from float32 (KL 0.54), the faithful
-  megakernel 5.90 (KL 0.57): both round the same bf16 weights (the engine's values for information only).
-  One recipe run is one reduction order, so where flags survive it the witness is the worst of it and the same
-  recipe in other orders (compare/witness.py ORDER_SEEDS, with what they measured on the flags left at 11567eb).
-DRIFT_RATIO (bf16 only): a recipe bug (e.g. a bf16 residual) adds error everywhere but stays
-  under per-position bounds, so the run's mean KL (or mean |Δlogprob| over an API) against the f32
-  reference must be at most 1.3x the same mean of the reference's own bf16 recipe on the same
-  positions, measured in the same run. Measured: faithful megakernel 0.98x (builtin) and 0.88x
-  (quick); the bf16_residual fault 1.87x and 1.59x. Below MIN_DRIFT_POSITIONS it is not checked.
-"""
+"""The one comparison rule and the one comparator (`compare_prompt`): an engine against the float32 reference (or
+its pinned golden outputs), position by position, over one record type (engines.base.Forced). What an engine cannot
+show is reported as "not checked", never assumed fine. Every tolerance is a multiple of a noise floor measured on
+the reference, never on the engine judged: docs/rule.md gives each floor, the command that measured it and why
+each bound is the multiple it is."""
 
 from __future__ import annotations
 
@@ -83,8 +17,8 @@ DLOGIT_TOL = {"float32": 8e-4, "bfloat16": 1.1}  # 4.2x 1.91e-4; 1.47x 0.749
 KL_TOL = {"float32": 2.5e-9, "bfloat16": 5.8e-3}  # 4.5x 5.5e-10; 1.5x 3.9e-3
 NOISE_TOL = {k: 2 * v for k, v in DLOGIT_TOL.items()}
 LOGPROB_TOL = {k: 2 * v for k, v in DLOGIT_TOL.items()}
-DRIFT_RATIO = 1.3
-MIN_DRIFT_POSITIONS = 256
+DRIFT_RATIO = 1.3  # faithful megakernel 0.98x (builtin), 0.88x (quick); bf16_residual 1.87x, 1.59x
+MIN_DRIFT_POSITIONS = 256  # a judgement call, not a measurement: below it a mean KL rests on too few positions
 SCALE_T = 6.0  # |t| of the mean over prompts: two-sided p ~ 1e-4 at 8 prompts (Student t, 7 df) if no error
 SCALE_FACTOR = 1.5  # as the other bf16 bounds: another bf16 engine rounds differently from the recipe
 MIN_SCALE_PROMPTS = 8

@@ -18,8 +18,8 @@ from evalsuite.compare import metrics, rule
 
 # bfloat16: at an ill-conditioned position the recipe's own error depends on its reduction order, which XLA's
 # tiling, the batch's shape or another kernel's tiling sets. At the two positions the 1,000-prompt false-alarm run
-# left flagged under the one recipe (benchmarks/results/false-alarms-bfloat16.json, prompts 401-500 re-run whole at
-# dea6df6): gen-0489-raw-repetition position 0, the recipe 4.36 from float32, the same recipe on weights with
+# left flagged under the one recipe (benchmarks/results/false-alarms-bfloat16.json, prompts 401-500 re-run
+# whole): gen-0489-raw-repetition position 0, the recipe 4.36 from float32, the same recipe on weights with
 # permuted hidden and MLP dimensions (seeds 1-4) 7.81 / 10.9 / 8.90 / 4.00, the faithful megakernel 7.77;
 # gen-0429-raw-json position 9, the recipe's KL 1.6e-3, the worst with the four orders 1.06e-2, the megakernel
 # 9.4e-3. One recipe run is one draw from that spread; four more put a correct engine's chance of exceeding all
