@@ -41,20 +41,59 @@ from evalsuite.serve.worker import Job, Server, self_check
 from evalsuite.stops import cut_at_stop, visible_text
 
 
-def build_app(engine, model, served_name: str, info: dict | None = None):
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response
-    from starlette.routing import Route
+def _int_field(body: dict, name: str, default: int | None, lo: int, hi: int | None = None) -> int | None:
+    """An optional integer field in [lo, hi] (bools are not integers here), or a 400 naming it."""
+    v = body.get(name, default)
+    if v is None and default is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo or (hi is not None and v > hi):
+        rng = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise APIError(400, f"{name} must be an integer {rng}", param=name)
+    return v
 
-    srv = Server(engine, model, served_name)
-    tok = srv.tok
 
-    def error(e: APIError) -> JSONResponse:
-        return JSONResponse({"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.status}},
-                            status_code=e.status)
+def _echo_rows(tok, ids, pl, k: int, pos: int, acc: dict) -> int:
+    """Echo's prompt positions into the logprobs lists: the first token, and any before echo_logprobs_from, have
+    none. Returns the text offset after the prompt."""
+    for t, tid in enumerate(ids):
+        s = tok.decode([tid])
+        acc["tokens"].append(s)
+        acc["text_offset"].append(pos)
+        pos += len(s)
+        if t == 0 or pl[t - 1] is None:
+            for key in ("token_logprobs", "top_logprobs", "top_logprobs_by_id"):
+                acc[key].append(None)
+        else:
+            lpv, top = pl[t - 1]
+            acc["token_logprobs"].append(lpv)
+            acc["top_logprobs"].append({tok.decode([a]): b for a, b in top[:k]} if k else {})
+            acc["top_logprobs_by_id"].append([[a, b] for a, b in top[:k]])
+    return pos
 
-    async def body_of(request: Request) -> dict:
+
+def _generated_rows(tok, g, k: int, pos: int, acc: dict) -> None:
+    """The generated tokens into the logprobs lists (the engine's own decode-path logprobs)."""
+    for j, tid in enumerate(g.token_ids if g is not None else []):
+        s = tok.decode([tid])
+        acc["tokens"].append(s)
+        acc["text_offset"].append(pos)
+        pos += len(s)
+        acc["token_logprobs"].append(float(g.top_logprobs[j][0]))
+        top = list(zip(g.top_ids[j][:k].tolist(), g.top_logprobs[j][:k].tolist()))
+        acc["top_logprobs"].append({tok.decode([a]): float(b) for a, b in top})
+        acc["top_logprobs_by_id"].append([[int(a), float(b)] for a, b in top])
+
+
+class _Api:
+    """The endpoints over one Server (its engine, tokenizer and queue)."""
+
+    def __init__(self, engine, model, served_name: str, info: dict | None):
+        self.engine, self.model, self.info = engine, model, info or {}
+        self.srv = Server(engine, model, served_name)
+        self.tok = self.srv.tok
+
+    @staticmethod
+    async def body_of(request) -> dict:
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             raise APIError(413, f"request body of {declared} bytes exceeds {MAX_BODY_BYTES}")
@@ -66,129 +105,104 @@ def build_app(engine, model, served_name: str, info: dict | None = None):
             chunks.append(chunk)
         return parse.json_body(b"".join(chunks))
 
-    def endpoint(fn):
-        async def wrapped(request: Request):
-            try:
-                return await fn(request)
-            except APIError as e:
-                return error(e)
-            except ModelError as e:
-                return error(APIError(400, str(e)))
-            except Exception as e:  # never a traceback to the client, never a dead server
-                print(f"serve: {request.url.path}: {type(e).__name__}: {e}", file=sys.stderr)
-                return error(APIError(500, f"internal error: {type(e).__name__}", "internal_error"))
-        return wrapped
+    async def request_body(self, request) -> dict:
+        body = await self.body_of(request)
+        parse.check_model(body, self.srv.name)
+        return body
 
-    async def health(request: Request):
+    async def health(self, request):
+        from starlette.responses import Response
+
         return Response(status_code=200)
 
-    async def models(request: Request):
+    async def models(self, request):
+        from starlette.responses import JSONResponse
+
+        srv = self.srv
         return JSONResponse({"object": "list", "data": [{
             "id": srv.name, "object": "model", "created": srv.created, "owned_by": "evalsuite",
-            "root": model.name, "max_model_len": srv.ctx, "evalsuite": info or {}}]})
+            "root": self.model.name, "max_model_len": srv.ctx, "evalsuite": self.info}]})
 
-    async def tokenize(request: Request):
-        body = await body_of(request)
-        parse.check_model(body, srv.name)
+    async def tokenize(self, request):
+        from starlette.responses import JSONResponse
+
+        body, tok = await self.request_body(request), self.tok
         if "messages" in body:
             ids = tok.encode(tok.render_chat(parse.messages(body), body.get("add_generation_prompt", True)))
         elif isinstance(body.get("prompt"), str):
             ids = tok.encode(body["prompt"])
         else:
             raise APIError(400, "tokenize needs `prompt` (a string) or `messages`", param="prompt")
-        return JSONResponse({"count": len(ids), "max_model_len": srv.ctx, "tokens": ids})
+        return JSONResponse({"count": len(ids), "max_model_len": self.srv.ctx, "tokens": ids})
 
-    async def detokenize(request: Request):
-        body = await body_of(request)
-        parse.check_model(body, srv.name)
+    async def detokenize(self, request):
+        from starlette.responses import JSONResponse
+
+        body = await self.request_body(request)
         ids = body.get("tokens")
         if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise APIError(400, "detokenize needs `tokens`, a list of integer ids", param="tokens")
-        V = model.config.vocab_size
+        V = self.model.config.vocab_size
         if any(not 0 <= t < V for t in ids):
             raise APIError(400, f"token id outside the vocabulary [0, {V})", param="tokens")
-        return JSONResponse({"prompt": tok.decode(ids)})
+        return JSONResponse({"prompt": self.tok.decode(ids)})
 
-    async def completions(request: Request):
-        body = await body_of(request)
-        parse.check_model(body, srv.name)
+    async def _choice(self, i, ids, g, stops, k, echo, decode_from, logprobs_from) -> tuple[dict, int]:
+        """One completion choice, and the rows of the teacher-forced call that scored its echo (0 without)."""
+        tok, rows = self.tok, 0
+        gen_ids = g.token_ids if g is not None else []
+        text, hit = cut_at_stop(visible_text(tok, gen_ids), stops)
+        finish = "stop" if hit or (g is not None and g.finish_reason == "stop") else "length"
+        lp = None
+        if k is not None:
+            lp = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": [], "top_logprobs_by_id": []}
+            pos = 0
+            if echo:
+                pl, rows = await self.srv.prompt_logprobs(ids, k, decode_from, logprobs_from)
+                pos = _echo_rows(tok, ids, pl, k, pos, lp)
+            _generated_rows(tok, g, k, pos, lp)
+        return {"index": i, "text": (tok.decode(ids) if echo else "") + text, "logprobs": lp,
+                "finish_reason": finish, "stop_reason": hit, "token_ids": gen_ids, "prompt_token_ids": ids}, rows
+
+    async def completions(self, request):
+        from starlette.responses import JSONResponse
+
+        body, srv = await self.request_body(request), self.srv
         max_tokens, stops = parse.sampling(body, 16)
-        prompts = parse.prompt_ids(body.get("prompt"), tok, model.config.vocab_size)
+        prompts = parse.prompt_ids(body.get("prompt"), self.tok, self.model.config.vocab_size)
         echo = bool(body.get("echo", False))
-        decode_from = body.get("echo_decode_from", 1)
-        if not isinstance(decode_from, int) or isinstance(decode_from, bool) or decode_from < 1:
-            raise APIError(400, "echo_decode_from must be an integer >= 1", param="echo_decode_from")
-        logprobs_from = body.get("echo_logprobs_from", 1)
-        if not isinstance(logprobs_from, int) or isinstance(logprobs_from, bool) or logprobs_from < 1:
-            raise APIError(400, "echo_logprobs_from must be an integer >= 1", param="echo_logprobs_from")
-        k = body.get("logprobs")
-        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_LOGPROBS):
-            raise APIError(400, f"logprobs must be an integer in [0, {MAX_LOGPROBS}]", param="logprobs")
+        decode_from = _int_field(body, "echo_decode_from", 1, 1)
+        logprobs_from = _int_field(body, "echo_logprobs_from", 1, 1)
+        k = _int_field(body, "logprobs", None, 0, MAX_LOGPROBS)
         if max_tokens == 0 and not echo:
             raise APIError(400, "max_tokens 0 is only meaningful with echo", param="max_tokens")
         parse.check_length(prompts, max_tokens, srv.ctx)
-        ignore_eos = bool(body.get("ignore_eos", False))
-        job = Job(prompts, max_tokens, stops, k or 0, ignore_eos)
+        job = Job(prompts, max_tokens, stops, k or 0, bool(body.get("ignore_eos", False)))
         gens = await srv.submit(job) if max_tokens else [None] * len(prompts)
-        choices, n_gen, echo_rows = [], 0, 0
+        choices, echo_rows = [], 0
         for i, (ids, g) in enumerate(zip(prompts, gens)):
-            gen_ids = g.token_ids if g is not None else []
-            n_gen += len(gen_ids)
-            text, hit = cut_at_stop(visible_text(tok, gen_ids), stops)
-            finish = "stop" if hit or (g is not None and g.finish_reason == "stop") else "length"
-            lp = None
-            if k is not None:
-                toks, tlps, tops, by_id, offsets = [], [], [], [], []
-                pos = 0
-                if echo:
-                    pl, rows = await srv.prompt_logprobs(ids, k, decode_from, logprobs_from)
-                    echo_rows = max(echo_rows, rows)
-                    for t, tid in enumerate(ids):
-                        s = tok.decode([tid])
-                        toks.append(s)
-                        offsets.append(pos)
-                        pos += len(s)
-                        if t == 0 or pl[t - 1] is None:  # the first token, or before echo_logprobs_from
-                            tlps.append(None), tops.append(None), by_id.append(None)
-                        else:
-                            lpv, top = pl[t - 1]
-                            tlps.append(lpv)
-                            tops.append({tok.decode([a]): b for a, b in top[:k]} if k else {})
-                            by_id.append([[a, b] for a, b in top[:k]])
-                for j, tid in enumerate(gen_ids):
-                    s = tok.decode([tid])
-                    toks.append(s)
-                    offsets.append(pos)
-                    pos += len(s)
-                    tlps.append(float(g.top_logprobs[j][0]))
-                    top = list(zip(g.top_ids[j][:k].tolist(), g.top_logprobs[j][:k].tolist()))
-                    tops.append({tok.decode([a]): float(b) for a, b in top})
-                    by_id.append([[int(a), float(b)] for a, b in top])
-                lp = {"text_offset": offsets, "token_logprobs": tlps, "tokens": toks, "top_logprobs": tops,
-                      "top_logprobs_by_id": by_id}
-            choices.append({"index": i, "text": (tok.decode(ids) if echo else "") + text, "logprobs": lp,
-                            "finish_reason": finish, "stop_reason": hit, "token_ids": gen_ids,
-                            "prompt_token_ids": ids})
-        n_prompt = sum(len(p) for p in prompts)
+            choice, rows = await self._choice(i, ids, g, stops, k, echo, decode_from, logprobs_from)
+            choices.append(choice)
+            echo_rows = max(echo_rows, rows)
+        n_prompt, n_gen = sum(len(p) for p in prompts), sum(len(c["token_ids"]) for c in choices)
         return JSONResponse({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                              "model": srv.name, "choices": choices,
                              "evalsuite": {"batch_rows": job.batched_with,
-                                           "echo_path": engine.capabilities.forced_path if echo else None,
+                                           "echo_path": self.engine.capabilities.forced_path if echo else None,
                                            "echo_decode_from": decode_from if echo else None,
                                            "echo_batch_rows": echo_rows if echo else None},
                              "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen,
                                        "total_tokens": n_prompt + n_gen}})
 
-    async def chat(request: Request):
-        body = await body_of(request)
-        parse.check_model(body, srv.name)
+    async def chat(self, request):
+        from starlette.responses import JSONResponse
+
+        body, srv, tok = await self.request_body(request), self.srv, self.tok
         max_tokens, stops = parse.sampling(body, 256)
         if max_tokens == 0:
             raise APIError(400, "max_tokens must be >= 1", param="max_tokens")
         want_lp = bool(body.get("logprobs", False))
-        k = body.get("top_logprobs") or 0
-        if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_LOGPROBS:
-            raise APIError(400, f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}]", param="top_logprobs")
+        k = _int_field({"top_logprobs": body.get("top_logprobs") or 0}, "top_logprobs", 0, 0, MAX_LOGPROBS)
         ids = tok.encode(tok.render_chat(parse.messages(body), True))
         parse.check_length([ids], max_tokens, srv.ctx)
         g = (await srv.submit(Job([ids], max_tokens, stops, k if want_lp else 0,
@@ -211,13 +225,43 @@ def build_app(engine, model, served_name: str, info: dict | None = None):
                              "usage": {"prompt_tokens": len(ids), "completion_tokens": len(g.token_ids),
                                        "total_tokens": len(ids) + len(g.token_ids)}})
 
-    routes = [Route("/health", endpoint(health), methods=["GET"]),
-              Route("/v1/models", endpoint(models), methods=["GET"]),
-              Route("/tokenize", endpoint(tokenize), methods=["POST"]),
-              Route("/detokenize", endpoint(detokenize), methods=["POST"]),
-              Route("/v1/completions", endpoint(completions), methods=["POST"]),
-              Route("/v1/chat/completions", endpoint(chat), methods=["POST"])]
+
+def _endpoint(fn):
+    """A handler whose errors become OpenAI-style error bodies: never a traceback to the client, never a dead
+    server."""
+    from starlette.responses import JSONResponse
+
+    def error(e: APIError) -> JSONResponse:
+        return JSONResponse({"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.status}},
+                            status_code=e.status)
+
+    async def wrapped(request):
+        try:
+            return await fn(request)
+        except APIError as e:
+            return error(e)
+        except ModelError as e:
+            return error(APIError(400, str(e)))
+        except Exception as e:
+            print(f"serve: {request.url.path}: {type(e).__name__}: {e}", file=sys.stderr)
+            return error(APIError(500, f"internal error: {type(e).__name__}", "internal_error"))
+    return wrapped
+
+
+def build_app(engine, model, served_name: str, info: dict | None = None):
     from contextlib import asynccontextmanager
+
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    api = _Api(engine, model, served_name, info)
+    srv = api.srv
+    routes = [Route("/health", _endpoint(api.health), methods=["GET"]),
+              Route("/v1/models", _endpoint(api.models), methods=["GET"]),
+              Route("/tokenize", _endpoint(api.tokenize), methods=["POST"]),
+              Route("/detokenize", _endpoint(api.detokenize), methods=["POST"]),
+              Route("/v1/completions", _endpoint(api.completions), methods=["POST"]),
+              Route("/v1/chat/completions", _endpoint(api.chat), methods=["POST"])]
 
     @asynccontextmanager
     async def lifespan(app):
