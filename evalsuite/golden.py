@@ -98,99 +98,81 @@ def _failed(model: str, problems: list[str]) -> GoldenResult:
     return GoldenResult(model=model, ok=False, problems=tuple(problems))
 
 
-def check(model_name: str, engine_name: str = "reference", dtype: str = "float32", fault: str | None = None,
-          directory: Path | None = None, remote=None, extra: dict | None = None) -> GoldenResult:
-    from evalsuite.engines import make_engine
+class _Invalid(Exception):
+    """The golden file cannot be used as it is: its problems, each saying how to regenerate."""
 
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def _pinned(model_name: str, directory: Path | None):
+    """The golden file's entries for the prompts the model's context fits, checked against the current weights,
+    prompt set, settings and tokenizer; raises _Invalid with every problem found."""
     set_name, n = _settings(model_name)
     path = golden_path(model_name, directory)
     regen = REGENERATE.format(model=model_name)
     if not path.is_file():
-        return _failed(model_name, [f"missing golden file {path}; {regen}"])
+        raise _Invalid([f"missing golden file {path}; {regen}"])
     try:
         doc = json.loads(path.read_text())
         header, entries = doc["header"], doc["entries"]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        return _failed(model_name, [f"unreadable golden file {path} ({e}); {regen}"])
+        raise _Invalid([f"unreadable golden file {path} ({e}); {regen}"]) from None
     if doc.get("format_version") != FORMAT_VERSION:
-        return _failed(model_name, [f"{path}: format_version {doc.get('format_version')} != {FORMAT_VERSION}; "
-                                   f"{regen}"])
-    model = load_model(model_name)
-    pset = load_prompts(set_name)
-    problems: list[str] = []
+        raise _Invalid([f"{path}: format_version {doc.get('format_version')} != {FORMAT_VERSION}; {regen}"])
+    model, pset = load_model(model_name), load_prompts(set_name)
     stale = [f"{k}: golden {header.get(k)!r} != current {v!r}" for k, v in (
         ("weights_sha256", model.weights.sha256), ("prompt_set_sha256", pset.sha256),
         ("prompt_set", set_name)) if header.get(k) != v]
     if header.get("settings", {}).get("max_new_tokens") != n or header.get("settings", {}).get("top_k") != TOP_K:
         stale.append(f"settings: golden {header.get('settings')} != current max_new_tokens {n}, top_k {TOP_K}")
     if stale:
-        return _failed(model_name, [f"stale golden {path}: " + "; ".join(stale) + f"; {regen}"])
+        raise _Invalid([f"stale golden {path}: " + "; ".join(stale) + f"; {regen}"])
     kept = fitting(model, pset, n)
     want_ids = [p.id for p in kept]
     missing = [i for i in want_ids if i not in entries]
     unused = [i for i in entries if i not in want_ids]
-    if missing:
-        problems.append(f"missing golden entries {missing} in {path}; {regen}")
-    if unused:
-        problems.append(f"unused golden entries {unused} in {path} (not in prompt set {set_name}); {regen}")
+    problems = ([f"missing golden entries {missing} in {path}; {regen}"] if missing else []) + (
+        [f"unused golden entries {unused} in {path} (not in prompt set {set_name}); {regen}"] if unused else [])
     if problems:
-        return _failed(model_name, problems)
-    eng = make_engine(engine_name, model, dtype, fault, remote, extra)
-    prompts = [entries[i]["prompt_token_ids"] for i in want_ids]
-    for p, e, i in zip(kept, prompts, want_ids):
-        if p.encode(model.tokenizer) != e:
-            problems.append(f"entry {i}: prompt tokenizes differently now (tokenizer changed?); {regen}")
-    if problems:
-        return _failed(model_name, problems)
-    conts = [entries[i]["token_ids"] for i in want_ids]
-    caps = eng.capabilities
-    # the one comparator (evalsuite/compare/rule.py) along the golden tokens: the golden file is the judge's
-    # record (top-k), the engine is teacher-forced (full logits where it has them, else its top-k)
-    tol = Tolerances.for_dtype(dtype)
-    forced = eng.forced_topk(prompts, conts, TOP_K, want_logits=caps.logits)
+        raise _Invalid(problems)
+    return model, path, kept, want_ids, entries
+
+
+def _judges(entries: dict, want_ids: list[str]) -> list[Forced]:
+    """The golden file as the judge's records: its top-k, and the pinned token's logprob (-inf: not in the top-k)."""
     judges = []
     for i in want_ids:
         ent = entries[i]
         vals, ids = np.asarray(ent["top_logprobs"], np.float64), np.asarray(ent["top_ids"])
         tok_lp = [vals[j, list(ids[j]).index(t)] if t in ids[j] else -np.inf for j, t in enumerate(ent["token_ids"])]
-        judges.append(Forced(np.asarray(tok_lp), ids, vals))  # the pinned token's logprob (-inf: not in the top-k)
-    recs = [compare_prompt(c, jd, got, None, tol) for c, jd, got in zip(conts, judges, forced)]
-    drift, routing, scale = None, None, None
-    if dtype == "bfloat16":  # the reference's own bf16 recipe along the golden tokens, measured by the same rule
-        from evalsuite.engines import judge
+        judges.append(Forced(np.asarray(tok_lp), ids, vals))
+    return judges
 
-        recipe = judge(model, "bfloat16")
-        own = recipe.forced_topk(prompts, conts, TOP_K, want_logits=caps.logits)
-        own_recs = [compare_prompt(c, jd, o, None, tol) for c, jd, o in zip(conts, judges, own)]
-        # the drift check of `diff`: a precision bug (a bf16 residual) stays under the per-position bounds
-        # but moves every position; the engine's mean divergence from the golden file against the recipe's
-        drift = rule.drift_check([r["_drift"] for r in recs], [r["_drift"] for r in own_recs], dtype)
-        # the logit-scale check of `diff` (rule.SCALE): a systematic scale error under the drift bound (it let
-        # final_norm_eps PASS mini-llama's golden file in bf16); slopes on the float32 reference's full logits
-        ref = judge(model) if caps.logits or model.config.n_moe_layers else None
-        scale = _scale(ref, prompts, conts, forced, own) if caps.logits else {
-            "checked": False, "why": "bf16 logit-scale check (rule.SCALE): the engine gives no full logits"}
-        if model.config.n_moe_layers:
-            # positions where the golden run's expert choice is near-tied are not judged (the rule of `diff`,
-            # routing.routing_ties); without it a correct bf16 engine, the reference's own bf16 recipe included,
-            # failed mini-moe's and mini-gptoss's golden files (3/264 positions each)
-            routing = _routing_ties(ref, recipe, prompts, conts, own_recs, recs)
-    mismatches, benign, dlp = [], 0, []
-    for i, rec in zip(want_ids, recs):
-        dlp.extend(rec["tf"]["dlogprob"])
-        benign += len(rec["benign_positions"])
-        mismatches += [(i, j) for j in rec["real_positions"]]
-    total = len(dlp)
-    summary = {"positions": total, "mismatching_positions": len(mismatches),
-               "mismatch_share": len(mismatches) / max(total, 1), "benign_divergences": benign,
-               "max_dlogprob": float(np.nanmax(dlp)), "mean_dlogprob": float(np.nanmean(dlp)),
-               "engine": engine_name, "dtype": dtype, "fault": fault, "golden": str(path),
-               "measure": ("|Δlogprob| of every golden top-5 id (the engine's full logits)" if caps.logits else
-                           f"|Δlogprob| of the golden token and the engine's top-1 (teacher-forced by its "
-                           f"{caps.forced_path} path); other top-5 logprobs not available"),
-               "engine_capabilities": caps.report(),
-               **({"routing": {k: v for k, v in routing.items() if k != "tied"}} if routing else {}),
-               **({"bf16_drift": drift, "bf16_logit_scale": scale} if drift else {})}
+
+def _bf16_checks(model, caps, prompts, conts, judges, forced, recs, tol) -> tuple[dict, dict, dict | None]:
+    """`diff`'s run-wide bf16 checks along the golden tokens, each measured against the reference's own bf16
+    recipe: drift (a precision bug under the per-position bounds moves every position), logit scale (a systematic
+    error under the drift bound: it let final_norm_eps PASS mini-llama's golden file), and on MoE models the
+    routing near-ties, not judged (without it the reference's own bf16 recipe failed mini-moe's and mini-gptoss's
+    golden files at 3/264 positions each)."""
+    from evalsuite.engines import judge
+
+    recipe = judge(model, "bfloat16")
+    own = recipe.forced_topk(prompts, conts, TOP_K, want_logits=caps.logits)
+    own_recs = [compare_prompt(c, jd, o, None, tol) for c, jd, o in zip(conts, judges, own)]
+    drift = rule.drift_check([r["_drift"] for r in recs], [r["_drift"] for r in own_recs], "bfloat16")
+    ref = judge(model) if caps.logits or model.config.n_moe_layers else None
+    scale = _scale(ref, prompts, conts, forced, own) if caps.logits else {
+        "checked": False, "why": "bf16 logit-scale check (rule.SCALE): the engine gives no full logits"}
+    routing = _routing_ties(ref, recipe, prompts, conts, own_recs, recs) if model.config.n_moe_layers else None
+    return drift, scale, routing
+
+
+def _problems(summary: dict, mismatches: list, drift, scale, regen: str) -> list[str]:
+    """What fails the check, one sentence each."""
+    problems = []
     if drift and drift["checked"] and not drift["ok"]:
         problems.append(f"bf16 drift: the engine's mean divergence from the golden file is {drift['ratio']:.3g}x "
                         f"the reference's own bf16 recipe's over {drift['positions']} positions (bound "
@@ -201,19 +183,65 @@ def check(model_name: str, engine_name: str = "reference", dtype: str = "float32
                         f"bound {scale['effect_bound']:.3g} at |t| > {scale['t_bound']}): an error that moves every "
                         "position the same way")
     if mismatches:
+        total = summary["positions"]
         where = ", ".join(f"{i}@{j}" for i, j in mismatches[:5]) + (" ..." if len(mismatches) > 5 else "")
         problems.append(f"{len(mismatches)}/{total} positions ({100 * len(mismatches) / total:.2f}%) mismatch "
                         f"the golden file ({where}); max |Δlogprob| {summary['max_dlogprob']:.3g}, mean "
                         f"{summary['mean_dlogprob']:.3g}. If the reference changed on purpose, {regen}")
-    not_checked = list(caps.not_checked(uses_forced=True))
+    return problems
+
+
+def _not_checked(caps, drift, scale, routing) -> list[str]:
+    """What a PASS would need and this check could not show."""
+    out = list(caps.not_checked(uses_forced=True))
     if routing and routing["positions_not_judged"]:
-        not_checked.append(routing["note"])  # blocks a PASS: those positions could hide a routing bug
+        out.append(routing["note"])  # those positions could hide a routing bug
     if drift and not drift["checked"]:
-        not_checked.append(f"bf16 drift: {drift['why']}")
-    if scale and not scale["checked"]:  # blocks a PASS, as in `diff`
-        not_checked.append(scale["why"])
+        out.append(f"bf16 drift: {drift['why']}")
+    if scale and not scale["checked"]:  # as in `diff`
+        out.append(scale["why"])
+    return out
+
+
+def check(model_name: str, engine_name: str = "reference", dtype: str = "float32", fault: str | None = None,
+          directory: Path | None = None, remote=None, extra: dict | None = None) -> GoldenResult:
+    """Any engine teacher-forced along the golden tokens and judged by the one comparator (evalsuite/compare/rule.py):
+    the golden file is the judge's record (top-k), the engine gives full logits where it has them, else its top-k."""
+    from evalsuite.engines import make_engine
+
+    try:
+        model, path, kept, want_ids, entries = _pinned(model_name, directory)
+    except _Invalid as e:
+        return _failed(model_name, e.problems)
+    regen = REGENERATE.format(model=model_name)
+    eng = make_engine(engine_name, model, dtype, fault, remote, extra)
+    prompts = [entries[i]["prompt_token_ids"] for i in want_ids]
+    changed = [f"entry {i}: prompt tokenizes differently now (tokenizer changed?); {regen}"
+               for p, e, i in zip(kept, prompts, want_ids) if p.encode(model.tokenizer) != e]
+    if changed:
+        return _failed(model_name, changed)
+    conts, caps, tol = [entries[i]["token_ids"] for i in want_ids], eng.capabilities, Tolerances.for_dtype(dtype)
+    forced = eng.forced_topk(prompts, conts, TOP_K, want_logits=caps.logits)
+    judges = _judges(entries, want_ids)
+    recs = [compare_prompt(c, jd, got, None, tol) for c, jd, got in zip(conts, judges, forced)]
+    drift, scale, routing = (_bf16_checks(model, caps, prompts, conts, judges, forced, recs, tol)
+                             if dtype == "bfloat16" else (None, None, None))
+    dlp = [v for rec in recs for v in rec["tf"]["dlogprob"]]
+    mismatches = [(i, j) for i, rec in zip(want_ids, recs) for j in rec["real_positions"]]
+    summary = {"positions": len(dlp), "mismatching_positions": len(mismatches),
+               "mismatch_share": len(mismatches) / max(len(dlp), 1),
+               "benign_divergences": sum(len(rec["benign_positions"]) for rec in recs),
+               "max_dlogprob": float(np.nanmax(dlp)), "mean_dlogprob": float(np.nanmean(dlp)),
+               "engine": engine_name, "dtype": dtype, "fault": fault, "golden": str(path),
+               "measure": ("|Δlogprob| of every golden top-5 id (the engine's full logits)" if caps.logits else
+                           f"|Δlogprob| of the golden token and the engine's top-1 (teacher-forced by its "
+                           f"{caps.forced_path} path); other top-5 logprobs not available"),
+               "engine_capabilities": caps.report(),
+               **({"routing": {k: v for k, v in routing.items() if k != "tied"}} if routing else {}),
+               **({"bf16_drift": drift, "bf16_logit_scale": scale} if drift else {})}
+    problems = _problems(summary, mismatches, drift, scale, regen)
     return GoldenResult(model=model_name, ok=not problems, problems=tuple(problems), summary=summary,
-                        not_checked=tuple(not_checked))
+                        not_checked=tuple(_not_checked(caps, drift, scale, routing)))
 
 
 def _scale(ref, prompts, conts, forced, own) -> dict:
