@@ -101,7 +101,7 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def bench_fewshot(session: nox.Session) -> None:
-    """GSM8K 5-shot items/min vs lm-eval's hf backend (creates .venv and .venv-hf; see README)."""
+    """GSM8K 5-shot items/min vs lm-eval's hf backend (creates .venv and .venv-hf; see docs/benchmarks.md)."""
     session.run("bash", "install.sh", external=True)
     session.run("bash", "benchmarks/install_hf.sh", external=True)
     session.run(".venv/bin/python", "benchmarks/fewshot.py", *session.posargs, external=True)

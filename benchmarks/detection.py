@@ -22,7 +22,7 @@ Rules (evalsuite/compare/rule.py and evalsuite/compare/peers.py):
 - vllm, maxtext, sglang: as documented in peers.py. evalsuite judges a bf16 engine against the
   float32 reference (its design); the peers, as their own tests do, against a reference in the same
   dtype (here the reference's bf16 recipe).
-- accuracy (lm-eval style): not computed here (see the README: `evalsuite run --fault`).
+- accuracy (lm-eval style): not computed here (docs/faults.md, "What accuracy alone catches": `evalsuite run --fault`).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ against the reference's own bf16 recipe on the same tokens, where drift_check us
 systematic error (a logit scale, an epsilon) moves every position the same way, rounding noise does not.
 Per prompt: the mean of lp_engine(t) - lp_recipe(t) over the reference's greedy tokens t, and the mean
 slope of the engine's centred logits on the recipe's (1 = the same scale); then the mean over prompts and
-its t statistic. A benchmark: prints figures, asserts nothing; not a verdict path (see README, "Proving
-the verifier").
+its t statistic. A benchmark: prints figures, asserts nothing; not a verdict path (docs/calibration.md has the
+logit-scale figures).
 
     .venv/bin/python benchmarks/signed_bias.py --model mini-llama --prompts builtin --n 32 \\
         --faults none,norm_eps,final_norm_eps,bf16_residual,rope_theta

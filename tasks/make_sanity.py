@@ -4,7 +4,7 @@
 
 Why it exists: on the GSM8K/GPQA samples smollm2-135m is near 0 / chance, so a fault that
 breaks the engine cannot cost accuracy there and `run` could never show a FAIL. Here the
-faithful model is accurate (measured in the README), so a broken engine loses items and the paired
+faithful model is accurate (measured in docs/benchmarks.md), so a broken engine loses items and the paired
 verdict FAILs; and with 240 items a faithful engine can reach PASS (>= 183 needed at margin 0.02).
 Kinds: the next three numbers of a run counting by 1, 2 or 10, the next three weekdays, a repeated
 word three more times (each answer spans several decode steps, so a decode bug can change it).

@@ -1,6 +1,6 @@
 """The megakernel's fault catalogue: self-test aids, each one expression in the engine, each standing
 for a bug that fused decode kernels really get wrong. `--fault NAME` on every command builds the
-engine with it; benchmarks/detection.py measures which rule catches which (README, "Fault catalogue").
+engine with it; benchmarks/detection.py measures which rule catches which (docs/faults.md).
 
 All but stale_feedback live inside the decode kernel (or the decode step's own tables), so a fault
 shows from the first decode step on: the prefill is XLA, as on a TPU, and is never faulted.
@@ -108,8 +108,8 @@ SHOWS_WITH = {"": "any prompt", "moe": "MoE models", "batch": "batch > 1, rows a
 
 
 def markdown() -> str:
-    """The README's catalogue table, which a test keeps equal to this; to regenerate it:
-    `.venv/bin/python -c "from engines.megakernel.faults import markdown; print(markdown(), end='')"`."""
+    """The catalogue table in docs/faults.md, which a test keeps equal to this; `python -m evalsuite.docgen`
+    writes it there."""
     rows = ["| fault | what the engine does | the real bug it stands for | shows with |", "| --- | --- | --- | --- |"]
     rows += [f"| `{f.name}` | {f.what} | {f.stands_for} | {SHOWS_WITH[f.needs]} |" for f in CATALOGUE]
     return "\n".join(rows) + "\n"

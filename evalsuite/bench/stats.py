@@ -4,7 +4,7 @@ Items are paired (same prompt to both engines), so the evidence is in the discor
 b = A right and B wrong, c = A wrong and B right. The per-item loss is L = p_b - p_c (p_b, p_c:
 the chances that an item is of kind b or c), and acc_a - acc_b = (b - c)/n estimates it.
 
-The verdict (alpha = 2.5% one-sided for each error, both exact; see the README, "What PASS means"):
+The verdict (alpha = 2.5% one-sided for each error, both exact; docs/verdicts.md, "The rules, command by command"):
 - FAIL: the exact one-sided McNemar test shows a loss: P(X >= b) <= alpha for X ~ Binomial(b+c, 1/2)
   (conditional on the b+c discordant items, which under no loss split evenly or favour B).
   P(FAIL | no loss) <= alpha for every n and every discordance rate.

@@ -13,7 +13,7 @@ from engines.errors import ModelError
 
 ORACLES = sorted((Path(__file__).parent / "oracle" / "real").glob("*.json"))
 # The float32 bound against transformers (float32, the same dequantised GGUF weights). Measured
-# 2026-12-01, 12 prompts x 32 greedy tokens: see the README's architecture table for each model's max.
+# 12 prompts x 32 greedy tokens: each model's max is in docs/models.md, "Real models".
 REAL_TOL = 1e-4
 
 

@@ -32,7 +32,7 @@ def test_faithful_megakernel_passes(smollm2, dtype):
 
 
 # final_norm_eps is below float32 noise on smollm2 (its final hidden states are large): no rule catches it in
-# the detection table's 64 prompts (README), so a FAIL here would be news; strict xfail says so if it comes
+# the detection table's 64 prompts (docs/faults.md), so a FAIL here would be news; strict xfail says so if it comes
 SUB_NOISE = pytest.mark.xfail(strict=True, reason="sub-noise on smollm2: measured by benchmarks/detection.py")
 
 
@@ -63,7 +63,7 @@ def test_bf16_residual_fails_in_bf16_mode_on_smollm2(smollm2):
 # Every catalogue fault through `diff` on the minis (mini-moe for the MoE faults and norm_eps: mini-llama's epsilon is
 # the fault's own 1e-6), in both dtypes; batch_variant under --require batch-invariance (quick set, 12 tokens in
 # float32, 32 in bfloat16). norm_eps in float32 PASSes there and stays a strict xfail, so a change that catches it is
-# news: it moves the minis' logits below the float32 bound (caught on smollm2 in float32 at prompt 1, README detection
+# news: it moves the minis' logits below the float32 bound (caught on smollm2 in float32 at prompt 1, docs/faults.md detection
 # table, and so in bf16 through the float32 build: test_float32_build). In bf16, measured 2026-12-02 with the float32
 # build (evalsuite/compare/build.py): rope_theta FAILs through the float32 build (its bf16 drift is 1.14: the minis'
 # prompts are short), and norm_eps on mini-moe FAILs by a hair on the bf16 drift, ratio 1.31 against the bound 1.3
