@@ -1,15 +1,15 @@
 """A bf16 `diff` also judges the engine's float32 build, when it has one.
 
-A bug in a kernel's code is in both of its builds, but in bf16 a small one can sit far below the rounding that
-every bf16 engine shows. `--fault norm_eps` (RMSNorm epsilon 1e-6 for 1e-5) changes a norm's output by about 4.5e-6
-relative where the mean square is near 1, some 1,000x under bf16's rounding (2^-8), and on smollm2-135m no bf16
-rule (per position, drift, logit scale) sees it (measured: quick set, 0 real positions, drift 0.88, scale t +1.0),
-while the same engine's float32 build flags 349 of 352 positions (docs/faults.md). So after the bf16 diff the same prompts
-are run through the engine built in float32 and judged with float32's bounds: its FAIL is the bf16 run's FAIL (the
-code is wrong), named as such. It adds a check and never removes one: the bf16 verdict is still reached on the bf16
-run's own evidence, and where the float32 build cannot run (a served engine runs in the server's dtype; an engine
-with no float32 mode) that is said as "not checked" beside a verdict that never rested on it. `--no-float32-build`
-turns it off (half the time).
+A bug in a kernel's code is in both of its builds, but in bf16 a small one can sit far below the rounding that every
+bf16 engine shows. `--fault norm_eps` (RMSNorm epsilon 1e-6 for 1e-5) changes a norm's output by about 4.5e-6 relative
+where the mean square is near 1, some 1,000x under bf16's rounding (2^-8), and on smollm2-135m no bf16 rule (per
+position, drift, logit scale) sees it (measured: quick set, 0 real positions, drift 0.88, scale t +1.0), while the
+same engine's float32 build flags 349 of 352 positions (docs/faults.md). So after the bf16 diff the same prompts are
+run through the engine built in float32 and judged with float32's bounds: its FAIL is the bf16 run's FAIL (the code is
+wrong), named as such. It adds a check and never removes one: the bf16 verdict is still reached on the bf16 run's own
+evidence, and where the float32 build cannot run (a served engine runs in the server's dtype; an engine with no
+float32 mode) that is said as "not checked" beside a verdict that never rested on it. `--no-float32-build` turns it
+off (half the time).
 """
 
 from __future__ import annotations

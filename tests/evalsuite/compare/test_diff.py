@@ -63,11 +63,11 @@ def test_bf16_residual_fails_in_bf16_mode_on_smollm2(smollm2):
 # Every catalogue fault through `diff` on the minis (mini-moe for the MoE faults and norm_eps: mini-llama's epsilon is
 # the fault's own 1e-6), in both dtypes; batch_variant under --require batch-invariance (quick set, 12 tokens in
 # float32, 32 in bfloat16). norm_eps in float32 PASSes there and stays a strict xfail, so a change that catches it is
-# news: it moves the minis' logits below the float32 bound (caught on smollm2 in float32 at prompt 1, docs/faults.md detection
-# table, and so in bf16 through the float32 build: test_float32_build). In bf16, measured 2026-12-02 with the float32
+# news: it moves the minis' logits below the float32 bound (caught on smollm2 in float32 at prompt 1, docs/faults.md
+# detection table, and so in bf16 through the float32 build: test_float32_build). In bf16, measured with the float32
 # build (evalsuite/compare/build.py): rope_theta FAILs through the float32 build (its bf16 drift is 1.14: the minis'
 # prompts are short), and norm_eps on mini-moe FAILs by a hair on the bf16 drift, ratio 1.31 against the bound 1.3
-# (faithful 1.21 at 32 tokens, 2026-12-02; its float32 build PASSes): a marginal catch. When first measured the drift
+# (faithful 1.21 at 32 tokens; its float32 build PASSes): a marginal catch. When first measured the drift
 # left out routing near-ties and had too few mini-moe positions to run. final_norm_eps in bf16 (drift 1.17) is caught by
 # the logit-scale check (rule.SCALE: t -108 on mini-llama builtin). CI keeps bf16_residual (bf16 drift) and
 # final_norm_eps (bf16 logit scale); drop_layer's f32 FAIL and bisection run in CI through the CLI
