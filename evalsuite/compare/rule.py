@@ -70,6 +70,80 @@ def _ref_view(ref: Forced):
     return at, marg, rank
 
 
+def _teacher_forced(ref: Forced, forced: Forced | None, rt, ref_tok_lp, lp_at, b: dict) -> tuple:
+    """The engine teacher-forced along the judge's tokens: (|Δlogit|, KL, |Δlogprob|, the token's own |Δlogprob|,
+    within-bounds per position, the engine's argmax), each None where the records cannot give it."""
+    n = len(rt)
+    dlogit = kl = dlp = tok_d = within = arg = None
+    if forced is not None and forced.logits is not None:
+        elp = metrics.log_softmax(forced.logits)
+        arg = forced.logits.argmax(axis=-1)
+        if ref.logits is not None:
+            dlogit = np.abs(ref.logits - forced.logits).max(axis=-1)
+            kl = metrics.kl(ref.logits, forced.logits)
+            dlp = np.abs(elp[np.arange(n), rt] - ref_tok_lp)
+            within = (dlogit <= b["dlogit"]) & (kl <= b["kl"])
+        else:  # the judge holds top-k only: every one of its top-k ids' logprobs
+            ids = np.asarray(ref.top_ids)
+            dlp = np.abs(np.take_along_axis(elp, ids, axis=-1) - np.asarray(ref.top_logprobs, np.float64)).max(-1)
+            within = dlp <= b["logprob"]
+    elif forced is not None:
+        dlp = tok_d = np.abs(np.asarray(forced.token_logprobs, np.float64) - ref_tok_lp)
+        ref_vals = np.asarray(ref.top_logprobs, np.float64)
+        ranks = metrics.rank_errors(lp_at, ref_vals, forced.top_ids, forced.top_logprobs)
+        dlp = np.fmax(dlp, ranks)  # every rank the engine reported, not only the judge's token
+        arg = np.asarray(forced.top_ids)[:, 0]
+        within = ~(dlp > b["logprob"])  # NaN: not given, not judged
+    return dlogit, kl, dlp, tok_d, within, arg
+
+
+def _free_running(ref: Forced, gen: Generation, rt, ref_tok_lp, view, b: dict, eos_ids, ends: bool, sets) -> tuple:
+    """The free-running path: identical contexts up to the first divergence, so the engine's own logprob of each
+    token it generated (every rank it reported) must match the reference's, and its token at the first divergence
+    is judged by the same near-tie rule. Adds to sets (real, benign, dist); returns (first divergence, where it
+    stopped at end-of-turn, |Δlogprob| along its tokens, positions compared)."""
+    lp_at, marg, rank_at = view
+    real, benign, dist = sets
+    n, first, stopped_at = len(rt), None, None
+    et = list(gen.token_ids)
+    glp = np.asarray(gen.top_logprobs, np.float64).reshape(len(gen.top_logprobs), -1)[:, 0] \
+        if len(gen.top_logprobs) else np.zeros(0)
+    fd = next((j for j, (a, e) in enumerate(zip(rt, et)) if a != e), None)
+    if fd is None and len(et) < n:
+        if et and int(et[-1]) in set(map(int, eos_ids)):
+            stopped_at = len(et)  # ended at end-of-turn with the reference; nothing after it to compare
+        else:
+            fd = len(et)
+    upto = (n if stopped_at is None else stopped_at) if fd is None else fd
+    gen_d = np.abs(glp[:upto] - ref_tok_lp[:len(glp[:upto])])
+    if len(gen.top_logprobs) and np.asarray(gen.top_ids).ndim == 2:  # every rank, where contexts are equal
+        m = min(upto, len(gen.top_logprobs))
+        ranks = metrics.rank_errors(lp_at, np.asarray(ref.top_logprobs, np.float64)[:m],
+                                    np.asarray(gen.top_ids)[:m], np.asarray(gen.top_logprobs)[:m])
+        gen_d = np.fmax(gen_d, ranks[:len(gen_d)])
+    dist |= {int(j) for j in np.flatnonzero(gen_d > b["logprob"][:len(gen_d)])}
+    if fd is not None and fd < len(et):
+        e = int(et[fd])
+        gap = _gap(ref_tok_lp[fd], lp_at(fd, e))
+        own = abs(float(glp[fd]) - lp_at(fd, e)) if fd < len(glp) else None
+        ok = gap < b["noise"][fd] and (own is None or own <= b["logprob"][fd]) and fd not in real | dist
+        (benign if ok else real).add(fd)
+        first = {"position": fd, "reference_token": int(rt[fd]), "engine_token": e,
+                 "reference_gap": float(marg[fd]), "gap_to_engine_token": gap,
+                 "engine_token_rank_in_reference": rank_at(fd, e), "engine_token_dlogprob": own,
+                 "class": "benign" if ok else "real"}
+    elif fd is not None:
+        real.add(fd)
+        first = {"position": fd, "reference_token": int(rt[fd]), "engine_token": None,
+                 "note": "the engine's generation ended here", "class": "real"}
+    if ends and fd is None and len(et) > n > 0:
+        real.add(n - 1)
+        first = {"position": n - 1, "reference_token": int(rt[n - 1]), "engine_token": int(et[n - 1]),
+                 "note": f"the reference stops after this token; the engine went on ({len(et)} tokens): a stop "
+                         "id or stop check not honoured", "class": "real"}
+    return first, stopped_at, gen_d, upto
+
+
 def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generation | None, tol: Tolerances,
                    eos_ids=(), conditioning: tuple[np.ndarray, np.ndarray] | None = None,
                    ends: bool = False) -> dict:
@@ -95,75 +169,19 @@ def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generati
     b = position_bounds(tol, n, conditioning)
     ref_tok_lp = np.asarray(ref.token_logprobs, np.float64)
     real, benign, dist = set(), set(), set()
-    dlogit = kl = dlp = tok_d = None
+    tf = _teacher_forced(ref, forced, rt, ref_tok_lp, lp_at, b)
+    dlogit, kl, dlp, tok_d, within, arg = tf
     agree = np.ones(n, bool)
-    arg = None
-    if forced is not None and forced.logits is not None:
-        elp = metrics.log_softmax(forced.logits)
-        arg = forced.logits.argmax(axis=-1)
-        if ref.logits is not None:
-            dlogit = np.abs(ref.logits - forced.logits).max(axis=-1)
-            kl = metrics.kl(ref.logits, forced.logits)
-            dlp = np.abs(elp[np.arange(n), rt] - ref_tok_lp)
-            within = (dlogit <= b["dlogit"]) & (kl <= b["kl"])
-        else:  # the judge holds top-k only: every one of its top-k ids' logprobs
-            ids = np.asarray(ref.top_ids)
-            dlp = np.abs(np.take_along_axis(elp, ids, axis=-1) - np.asarray(ref.top_logprobs, np.float64)).max(-1)
-            within = dlp <= b["logprob"]
-    elif forced is not None:
-        dlp = tok_d = np.abs(np.asarray(forced.token_logprobs, np.float64) - ref_tok_lp)
-        ref_vals = np.asarray(ref.top_logprobs, np.float64)
-        ranks = metrics.rank_errors(lp_at, ref_vals, forced.top_ids, forced.top_logprobs)
-        dlp = np.fmax(dlp, ranks)  # every rank the engine reported, not only the judge's token
-        arg = np.asarray(forced.top_ids)[:, 0]
-        within = ~(dlp > b["logprob"])  # NaN: not given, not judged
     if arg is not None:
         agree = arg == rt
         for j in np.flatnonzero(~agree):
             gap = _gap(ref_tok_lp[j], lp_at(j, int(arg[j])))
             (benign if gap < b["noise"][j] and within[j] else real).add(int(j))
         dist |= {int(j) for j in np.flatnonzero(agree & ~within)}
-    # the free-running path: identical contexts up to the first divergence, so the engine's own
-    # logprob of each token it generated must match the reference's, and its token at the first
-    # divergence is judged by the same near-tie rule
     first, stopped_at, gen_d, upto = None, None, np.zeros(0), n
     if gen is not None:
-        et = list(gen.token_ids)
-        glp = np.asarray(gen.top_logprobs, np.float64).reshape(len(gen.top_logprobs), -1)[:, 0] \
-            if len(gen.top_logprobs) else np.zeros(0)
-        fd = next((j for j, (a, b) in enumerate(zip(rt, et)) if a != b), None)
-        if fd is None and len(et) < n:
-            if et and int(et[-1]) in set(map(int, eos_ids)):
-                stopped_at = len(et)  # ended at end-of-turn with the reference; nothing after it to compare
-            else:
-                fd = len(et)
-        upto = (n if stopped_at is None else stopped_at) if fd is None else fd
-        gen_d = np.abs(glp[:upto] - ref_tok_lp[:len(glp[:upto])])
-        if len(gen.top_logprobs) and np.asarray(gen.top_ids).ndim == 2:  # every rank, where contexts are equal
-            m = min(upto, len(gen.top_logprobs))
-            ranks = metrics.rank_errors(lp_at, np.asarray(ref.top_logprobs, np.float64)[:m],
-                                        np.asarray(gen.top_ids)[:m], np.asarray(gen.top_logprobs)[:m])
-            gen_d = np.fmax(gen_d, ranks[:len(gen_d)])
-        dist |= {int(j) for j in np.flatnonzero(gen_d > b["logprob"][:len(gen_d)])}
-        if fd is not None and fd < len(et):
-            e = int(et[fd])
-            gap = _gap(ref_tok_lp[fd], lp_at(fd, e))
-            own = abs(float(glp[fd]) - lp_at(fd, e)) if fd < len(glp) else None
-            ok = gap < b["noise"][fd] and (own is None or own <= b["logprob"][fd]) and fd not in real | dist
-            (benign if ok else real).add(fd)
-            first = {"position": fd, "reference_token": int(rt[fd]), "engine_token": e,
-                     "reference_gap": float(marg[fd]), "gap_to_engine_token": gap,
-                     "engine_token_rank_in_reference": rank_at(fd, e), "engine_token_dlogprob": own,
-                     "class": "benign" if ok else "real"}
-        elif fd is not None:
-            real.add(fd)
-            first = {"position": fd, "reference_token": int(rt[fd]), "engine_token": None,
-                     "note": "the engine's generation ended here", "class": "real"}
-        if ends and fd is None and len(et) > n > 0:
-            real.add(n - 1)
-            first = {"position": n - 1, "reference_token": int(rt[n - 1]), "engine_token": int(et[n - 1]),
-                     "note": f"the reference stops after this token; the engine went on ({len(et)} tokens): a stop "
-                             "id or stop check not honoured", "class": "real"}
+        first, stopped_at, gen_d, upto = _free_running(ref, gen, rt, ref_tok_lp, (lp_at, marg, rank_at), b, eos_ids,
+                                                       ends, (real, benign, dist))
     benign -= real
     dist -= real
     d = dlogit if dlogit is not None else dlp
