@@ -220,6 +220,91 @@ def _index_tensors(path: Path) -> tuple[dict[str, Path], str]:
     return where, h.hexdigest()
 
 
+class _Reader:
+    """A checkpoint's tensors by name, eager (float32 numpy) or lazy (engines.lazy, read on demand), recording
+    which were used so that an unsupported tensor is an error rather than silently ignored."""
+
+    def __init__(self, path: Path, tensors: dict, lazy: bool):
+        self.path, self.t, self.lazy = path, tensors, lazy
+        self.used: set[str] = set()
+        self.counter = [0]  # bytes the lazy arrays read
+
+    def get(self, key: str, transpose: bool = False, raw: bool = False) -> np.ndarray:
+        if key not in self.t:
+            raise ModelError(f"{self.path}: missing tensor {key!r}")
+        self.used.add(key)
+        if self.lazy:
+            return lazy_mod.Tensor(self.t[key], key, transpose, self.counter) if not raw else lazy_mod.Tensor(
+                self.t[key], key, False, self.counter).raw()
+        a = self.t[key] if raw else np.asarray(self.t[key], dtype=np.float32)
+        return a.T if transpose else a
+
+    def stack(self, keys: list[str], transpose: bool = False) -> np.ndarray:
+        if self.lazy:
+            return lazy_mod.Stacked([self.get(k, transpose) for k in keys])
+        return np.ascontiguousarray(np.stack([self.get(k, transpose) for k in keys]))
+
+    def dense(self, a):  # an array the loader computed: whole, in either mode
+        return lazy_mod.Eager(np.asarray(a, np.float32)) if self.lazy else a
+
+
+def _attention_arrays(c, r: _Reader, pre: list[str]) -> dict:
+    """Embedding, norms, attention projections (and their biases, sinks, q/k norms), the LM head."""
+    gemma = c.post_norms
+    a = {
+        "embed": r.get("model.embed_tokens.weight"), "final_norm": r.get("model.norm.weight"),
+        "attn_norm": r.stack([p + "input_layernorm.weight" for p in pre]),
+        # Gemma's post_attention_layernorm follows attention; its pre_feedforward_layernorm is the MLP's input norm
+        "mlp_norm": r.stack([p + ("pre_feedforward_layernorm.weight" if gemma else "post_attention_layernorm.weight")
+                             for p in pre]),
+        "wq": r.stack([p + "self_attn.q_proj.weight" for p in pre], True),
+        "wk": r.stack([p + "self_attn.k_proj.weight" for p in pre], True),
+        "wv": r.stack([p + "self_attn.v_proj.weight" for p in pre], True),
+        "wo": r.stack([p + "self_attn.o_proj.weight" for p in pre], True),
+    }
+    if gemma:
+        a["post_attn_norm"] = r.stack([p + "post_attention_layernorm.weight" for p in pre])
+        a["post_mlp_norm"] = r.stack([p + "post_feedforward_layernorm.weight" for p in pre])
+    if c.attn_bias:
+        for ours, theirs in (("bq", "q_proj"), ("bk", "k_proj"), ("bv", "v_proj")):
+            a[ours] = r.stack([p + f"self_attn.{theirs}.bias" for p in pre])
+    if c.o_bias:
+        a["bo"] = r.stack([p + "self_attn.o_proj.bias" for p in pre])
+    if c.attn_sinks:
+        a["sinks"] = r.stack([p + "self_attn.sinks" for p in pre])
+    if not c.tie_embeddings:
+        a["lm_head"] = r.get("lm_head.weight")
+    if c.qk_norm:
+        a["q_norm"] = r.stack([p + "self_attn.q_norm.weight" for p in pre])
+        a["k_norm"] = r.stack([p + "self_attn.k_norm.weight" for p in pre])
+    return a
+
+
+def _mlp_arrays(c, r: _Reader, pre: list[str]) -> dict:
+    """The dense layers' MLPs, then the MoE layers' router, experts and shared experts."""
+    Ld, a = c.n_dense_layers, {}
+    if Ld:
+        for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+            a[ours] = r.stack([p + f"mlp.{theirs}.weight" for p in pre[:Ld]], True)
+    if c.n_moe_layers and c.expert_act == "gptoss":
+        a.update({k: r.dense(v) for k, v in _gptoss_experts(
+            pre, r.t, lambda *x, **kw: np.asarray(r.get(*x, **kw)), lambda *x: np.asarray(r.stack(*x))).items()})
+    elif c.n_moe_layers:
+        moe = pre[Ld:]
+        a["router"] = r.stack([p + "mlp.gate.weight" for p in moe], True)
+        bias_key = "mlp.gate.e_score_correction_bias"
+        a["router_bias"] = (r.stack([p + bias_key for p in moe]) if moe[0] + bias_key in r.t
+                            else r.dense(np.zeros((len(moe), c.n_experts), np.float32)))
+        for ours, theirs in (("e_gate", "gate_proj"), ("e_up", "up_proj"), ("e_down", "down_proj")):
+            per_layer = [r.stack([p + f"mlp.experts.{e}.{theirs}.weight" for e in range(c.n_experts)], True)
+                         for p in moe]
+            a[ours] = lazy_mod.Stacked(per_layer) if r.lazy else np.stack(per_layer)
+        if c.n_shared_experts:
+            for ours, theirs in (("s_gate", "gate_proj"), ("s_up", "up_proj"), ("s_down", "down_proj")):
+                a[ours] = r.stack([p + f"mlp.shared_experts.{theirs}.weight" for p in moe], True)
+    return a
+
+
 def load_hf(path: Path, name: str | None = None, lazy: bool = False) -> Weights:
     """lazy: every array a LazyArray (engines.lazy) read from the files on demand, so that a sharded reference
     reads only its devices' slices; the tensors the loader must compute (gpt-oss's fused, MXFP4 experts) are
@@ -234,81 +319,15 @@ def load_hf(path: Path, name: str | None = None, lazy: bool = False) -> Weights:
         raise ModelError(f"{cfg_file} is not valid JSON: {e}") from None
     c = hf_config(raw, name or path.name, path)
     t, digest = _index_tensors(path) if lazy else _read_tensors(path)
-    used: set[str] = set()
-    counter = [0]  # bytes the lazy arrays read
-
-    def get(key: str, transpose: bool = False, raw: bool = False) -> np.ndarray:
-        if key not in t:
-            raise ModelError(f"{path}: missing tensor {key!r}")
-        used.add(key)
-        if lazy:
-            return lazy_mod.Tensor(t[key], key, transpose, counter) if not raw else lazy_mod.Tensor(
-                t[key], key, False, counter).raw()
-        a = t[key] if raw else np.asarray(t[key], dtype=np.float32)
-        return a.T if transpose else a
-
-    def stack(keys: list[str], transpose: bool = False) -> np.ndarray:
-        if lazy:
-            return lazy_mod.Stacked([get(k, transpose) for k in keys])
-        return np.ascontiguousarray(np.stack([get(k, transpose) for k in keys]))
-
-    def dense(a):  # an array the loader computed: whole, in either mode
-        return lazy_mod.Eager(np.asarray(a, np.float32)) if lazy else a
-
-    L, Ld = c.n_layers, c.n_dense_layers
-    pre = [f"model.layers.{i}." for i in range(L)]
-    gemma = c.post_norms
-    a: dict[str, np.ndarray] = {
-        "embed": get("model.embed_tokens.weight"), "final_norm": get("model.norm.weight"),
-        "attn_norm": stack([p + "input_layernorm.weight" for p in pre]),
-        # Gemma's post_attention_layernorm follows attention; its pre_feedforward_layernorm is the MLP's input norm
-        "mlp_norm": stack([p + ("pre_feedforward_layernorm.weight" if gemma else "post_attention_layernorm.weight")
-                           for p in pre]),
-        "wq": stack([p + "self_attn.q_proj.weight" for p in pre], True),
-        "wk": stack([p + "self_attn.k_proj.weight" for p in pre], True),
-        "wv": stack([p + "self_attn.v_proj.weight" for p in pre], True),
-        "wo": stack([p + "self_attn.o_proj.weight" for p in pre], True),
-    }
-    if gemma:
-        a["post_attn_norm"] = stack([p + "post_attention_layernorm.weight" for p in pre])
-        a["post_mlp_norm"] = stack([p + "post_feedforward_layernorm.weight" for p in pre])
-    if c.attn_bias:
-        for ours, theirs in (("bq", "q_proj"), ("bk", "k_proj"), ("bv", "v_proj")):
-            a[ours] = stack([p + f"self_attn.{theirs}.bias" for p in pre])
-    if c.o_bias:
-        a["bo"] = stack([p + "self_attn.o_proj.bias" for p in pre])
-    if c.attn_sinks:
-        a["sinks"] = stack([p + "self_attn.sinks" for p in pre])
-    if not c.tie_embeddings:
-        a["lm_head"] = get("lm_head.weight")
-    if c.qk_norm:
-        a["q_norm"] = stack([p + "self_attn.q_norm.weight" for p in pre])
-        a["k_norm"] = stack([p + "self_attn.k_norm.weight" for p in pre])
-    if Ld:
-        for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
-            a[ours] = stack([p + f"mlp.{theirs}.weight" for p in pre[:Ld]], True)
-    if c.n_moe_layers and c.expert_act == "gptoss":
-        a.update({k: dense(v) for k, v in _gptoss_experts(
-            pre, t, lambda *x, **kw: np.asarray(get(*x, **kw)), lambda *x: np.asarray(stack(*x))).items()})
-    elif c.n_moe_layers:
-        moe = pre[Ld:]
-        a["router"] = stack([p + "mlp.gate.weight" for p in moe], True)
-        bias_key = "mlp.gate.e_score_correction_bias"
-        a["router_bias"] = (stack([p + bias_key for p in moe]) if moe[0] + bias_key in t
-                            else dense(np.zeros((len(moe), c.n_experts), np.float32)))
-        for ours, theirs in (("e_gate", "gate_proj"), ("e_up", "up_proj"), ("e_down", "down_proj")):
-            per_layer = [stack([p + f"mlp.experts.{e}.{theirs}.weight" for e in range(c.n_experts)], True)
-                         for p in moe]
-            a[ours] = lazy_mod.Stacked(per_layer) if lazy else np.stack(per_layer)
-        if c.n_shared_experts:
-            for ours, theirs in (("s_gate", "gate_proj"), ("s_up", "up_proj"), ("s_down", "down_proj")):
-                a[ours] = stack([p + f"mlp.shared_experts.{theirs}.weight" for p in moe], True)
+    r = _Reader(path, t, lazy)
+    pre = [f"model.layers.{i}." for i in range(c.n_layers)]
+    a = {**_attention_arrays(c, r, pre), **_mlp_arrays(c, r, pre)}
     if c.tie_embeddings and "lm_head.weight" in t:
-        used.add("lm_head.weight")  # some tied checkpoints still store a copy
-    unused = sorted(k for k in set(t) - used if "rotary_emb" not in k)
+        r.used.add("lm_head.weight")  # some tied checkpoints still store a copy
+    unused = sorted(k for k in set(t) - r.used if "rotary_emb" not in k)
     if unused:
         raise ModelError(f"{path}: unsupported tensors {unused[:3]}{'...' if len(unused) > 3 else ''}")
     try:
-        return Weights(c, lazy_mod.LazyArrays(a, counter) if lazy else a, sha256=digest, source=str(path))
+        return Weights(c, lazy_mod.LazyArrays(a, r.counter) if lazy else a, sha256=digest, source=str(path))
     except ValueError as e:
         raise ModelError(str(e)) from None
