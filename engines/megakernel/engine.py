@@ -184,7 +184,7 @@ class MegakernelEngine(Engine):
 
     capabilities = Capabilities(logits=True, taps=True, forced_path="decode")
     max_batch = MAX_BATCH
-    streams_results = True  # continuous batching (engines.loop.greedy_stream)
+    streams_results = True  # continuous batching (engines.stream.greedy_stream)
     faults = ENGINE_FAULTS
 
     options = ("batch_invariant",)

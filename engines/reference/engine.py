@@ -97,7 +97,7 @@ class ReferenceEngine(Engine):
 
     capabilities = Capabilities(logits=True, taps=True, forced_path="decode")
     max_batch = MAX_BATCH
-    streams_results = True  # continuous batching (engines.loop.greedy_stream)
+    streams_results = True  # continuous batching (engines.stream.greedy_stream)
     options = ("mesh",)  # --engine-option mesh=tp=2,dp=2: the weights on a JAX mesh (engines.reference.sharding)
     paths = ("prefill_split", "refill", "refill_group", "shrink", "finish_mid_batch", "stop", "shared_prefix",
              "shared_prefix_unaligned", "teacher_forced")
