@@ -37,11 +37,15 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--repeats", type=int, default=1, help="timed runs of each, alternating")
+    ap.add_argument("--warm", choices=("each", "superset"), default="each",
+                    help="each: an untimed run of each mode first; superset: one untimed run with the batching part "
+                         "(its programs include every one the run without it compiles)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     base = ["--model", a.model, "--prompts", a.prompts, "--max-new-tokens", str(a.max_new_tokens), "--dtype", a.dtype]
     modes = {"with batching part (default)": [], "without (--no-batching)": ["--no-batching"]}
-    for name, extra in modes.items():  # warm jax's compilation cache, so neither timed run pays for compiling
+    warm = modes if a.warm == "each" else dict(list(modes.items())[:1])
+    for name, extra in warm.items():  # warm jax's compilation cache, so neither timed run pays for compiling
         print(f"warming: {name}", file=sys.stderr, flush=True)
         _diff(base + extra)
     runs: dict[str, list[dict]] = {name: [] for name in modes}
