@@ -30,8 +30,8 @@ def test_engines_lists_the_builtins_and_the_example_plugin():
 
 def test_example_plugin_through_diff_golden_run_and_serve(tmp_path):
     base = ["--model", "mini-llama"]
-    ok = cli("diff", "--engine", "numpy", *base, "--prompts", "quick", "--max-new-tokens", "12", "--json")
-    bad = cli("diff", "--engine", "numpy", *base, "--prompts", "quick", "--max-new-tokens", "12", "--fault", "no_rope",
+    ok = cli("diff", "--engine", "numpy", *base, "--prompts", "quick", "--max-new-tokens", "6", "--json")
+    bad = cli("diff", "--engine", "numpy", *base, "--prompts", "quick", "--max-new-tokens", "6", "--fault", "no_rope",
               "--no-batching")
     gold = cli("golden", "check", "--engine", "numpy", *base)
     run = cli("run", "sanity", "--engine", "numpy", *base, "--limit", "6", "--output", str(tmp_path / "r"), "--json")
