@@ -96,7 +96,7 @@ def lint(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Decode benchmark on smollm2-135m; prints figures and ratios (see benchmarks/decode.py)."""
     _install(session)
-    session.run("python", "benchmarks/decode.py", *session.posargs)
+    session.run("python", "-m", "benchmarks.decode", *session.posargs)
 
 
 @nox.session(python=False)
@@ -104,7 +104,7 @@ def bench_fewshot(session: nox.Session) -> None:
     """GSM8K 5-shot items/min vs lm-eval's hf backend (creates .venv and .venv-hf; see docs/benchmarks.md)."""
     session.run("bash", "install.sh", external=True)
     session.run("bash", "benchmarks/install_hf.sh", external=True)
-    session.run(".venv/bin/python", "benchmarks/fewshot.py", *session.posargs, external=True)
+    session.run(".venv/bin/python", "-m", "benchmarks.fewshot", *session.posargs, external=True)
 
 
 @nox.session
@@ -113,7 +113,7 @@ def detection(session: nox.Session) -> None:
     on smollm2-135m (mini-moe for MoE faults); writes benchmarks/results/detection-<dtype>.json."""
     _install(session)
     for dtype in ("float32", "bfloat16"):
-        session.run("python", "benchmarks/detection.py", "--dtype", dtype, "--out",
+        session.run("python", "-m", "benchmarks.detection", "--dtype", dtype, "--out",
                     f"benchmarks/results/detection-{dtype}.json", *session.posargs)
 
 
@@ -122,7 +122,7 @@ def false_alarms(session: nox.Session) -> None:
     """diff on the faithful megakernel over 1,000 seeded prompts, float32 and bfloat16, in-process and served."""
     _install(session)
     for dtype in ("float32", "bfloat16"):
-        session.run("python", "benchmarks/false_alarms.py", "--dtype", dtype, "--served", *session.posargs)
+        session.run("python", "-m", "benchmarks.false_alarms", "--dtype", dtype, "--served", *session.posargs)
 
 
 @nox.session
@@ -130,7 +130,7 @@ def full_run(session: nox.Session) -> None:
     """A full-size run kept as exported shards (default: GSM8K 5-shot, all 1,319 items, 8 shards, into
     benchmarks/results/gsm8k-full; resumable, and computable over several hosts or days: `-- --only 0,1`)."""
     _install(session)
-    session.run("python", "benchmarks/full_run.py", *(session.posargs or [
+    session.run("python", "-m", "benchmarks.full_run", *(session.posargs or [
         "--task", "gsm8k", "--shards", "8", "--results", "benchmarks/results/gsm8k-full"]))
 
 
@@ -158,7 +158,7 @@ def eval(session: nox.Session) -> None:
 def calibrate(session: nox.Session) -> None:
     """The reference-only noise floors behind evalsuite/compare/rule.py's tolerances (prints figures)."""
     _install(session)
-    session.run("python", "benchmarks/calibrate_noise.py", *(session.posargs or ["builtin"]))
+    session.run("python", "-m", "benchmarks.calibrate_noise", *(session.posargs or ["builtin"]))
 
 
 @nox.session
@@ -166,14 +166,14 @@ def shard_speed(session: nox.Session) -> None:
     """Items/min of one `evalsuite run` against two `--shard i/2` workers on this machine, and the merge of the
     two equal to the single run (benchmarks/shard_speed.py; pass `-- --limit 48` etc.)."""
     _install(session)
-    session.run("python", "benchmarks/shard_speed.py", *session.posargs)
+    session.run("python", "-m", "benchmarks.shard_speed", *session.posargs)
 
 
 @nox.session
 def calibrate_routing(session: nox.Session) -> None:
     """The routing noise floor behind rule.py's ROUTING_TIE_FACTOR, on the reference alone (prints figures)."""
     _install(session)
-    session.run("python", "benchmarks/calibrate_routing.py", *session.posargs)
+    session.run("python", "-m", "benchmarks.calibrate_routing", *session.posargs)
 
 
 @nox.session(python=False)

@@ -7,7 +7,7 @@ can reach about twice it: the floor a float32 bound should rest on. For comparis
 floor DLOGIT_TOL rests on today (the float32 reference's score path against its own decode path).
 A benchmark: prints figures, asserts nothing; measures the reference only, never an engine under test.
 
-    .venv/bin/python benchmarks/calibrate_f64.py [--prompts 128] [--offset 64] [--json OUT]
+    .venv/bin/python -m benchmarks.calibrate_f64 [--prompts 128] [--offset 64] [--json OUT]
 
 Prompts: benchmarks/detection.py's seeded order of benchmarks/make_prompts.py's set, from --offset on
 (64: disjoint from the detection table's first 64, as calibrate_noise.py's `varied` set), 32 tokens each.
@@ -23,10 +23,6 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
 N_TOKENS = 32
 
 
@@ -39,8 +35,7 @@ def main(argv=None) -> int:
     if a.prompts < 1 or a.offset < 0:
         print("error: --prompts must be >= 1 and --offset >= 0", file=sys.stderr)
         return 2
-    from detection import prompt_order
-
+    from benchmarks.detection import prompt_order
     from engines.reference import ReferenceEngine
     from evalsuite.compare import metrics
     from evalsuite.registry import load_model

@@ -1,6 +1,6 @@
 """Noise floors behind evalsuite/compare/rule.py's tolerances: prints figures, asserts nothing.
 
-    .venv/bin/python benchmarks/calibrate_noise.py [builtin|quick|varied] [--json OUT]
+    .venv/bin/python -m benchmarks.calibrate_noise [builtin|quick|varied] [--json OUT]
 
 The floors are measured on the REFERENCE only (its score path against its decode path in float32;
 its bf16 recipe against its float32), then the megakernel (faithful and with bf16_residual) is
@@ -13,21 +13,17 @@ disjoint from the 64 prompts the detection table judges, drawn from the same dis
 """
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from engines.megakernel import MegakernelEngine  # noqa: E402
-from engines.reference import ReferenceEngine  # noqa: E402
-from evalsuite.compare import metrics  # noqa: E402
-from evalsuite.prompts import load_prompts  # noqa: E402
-from evalsuite.registry import load_model  # noqa: E402
-from evalsuite.versions import versions  # noqa: E402
+from engines.megakernel import MegakernelEngine
+from engines.reference import ReferenceEngine
+from evalsuite.compare import metrics
+from evalsuite.prompts import load_prompts
+from evalsuite.registry import load_model
+from evalsuite.versions import versions
 
 ap = argparse.ArgumentParser()
 ap.add_argument("pset", nargs="?", default="quick", choices=("builtin", "quick", "varied"))
@@ -36,7 +32,7 @@ a = ap.parse_args()
 N = 32
 m = load_model("smollm2-135m")
 if a.pset == "varied":
-    from detection import prompt_order
+    from benchmarks.detection import prompt_order
 
     ps = [ids for _, ids in prompt_order(m.tokenizer, 192, 0, m.config.max_context, N)[64:]]
 else:

@@ -3,8 +3,8 @@ median element error of the residual stream at each layer, for the recipe in its
 noise the bound is set from), the faithful megakernel, and the megakernel with each one-extra-rounding fault. A
 benchmark: prints figures and writes JSON, asserts nothing.
 
-    .venv/bin/python benchmarks/calibrate_recipe.py --out benchmarks/results/calibrate-recipe.json
-    .venv/bin/python benchmarks/calibrate_recipe.py --model mini-llama --prompts quick --out /tmp/x.json
+    .venv/bin/python -m benchmarks.calibrate_recipe --out benchmarks/results/calibrate-recipe.json
+    .venv/bin/python -m benchmarks.calibrate_recipe --model mini-llama --prompts quick --out /tmp/x.json
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The routing noise floor behind routing.py's ROUTING_TIE: prints figures, asserts nothing.
 
-    .venv/bin/python benchmarks/calibrate_routing.py [--prompts 128] [--json OUT]
+    .venv/bin/python -m benchmarks.calibrate_routing [--prompts 128] [--json OUT]
 
 On the REFERENCE only (never an engine): for each MoE mini model, the float32 reference's greedy track of
 32 tokens on prompts 65.. of benchmarks/detection.py's seeded order (disjoint from the 64 the detection
@@ -17,20 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from detection import prompt_order  # noqa: E402
-
-from engines.reference import ReferenceEngine  # noqa: E402
-from evalsuite.compare import routing  # noqa: E402
-from evalsuite.registry import load_model  # noqa: E402
-from evalsuite.versions import versions  # noqa: E402
+from benchmarks.detection import prompt_order
+from engines.reference import ReferenceEngine
+from evalsuite.compare import routing
+from evalsuite.registry import load_model
+from evalsuite.versions import versions
 
 N = 32
 

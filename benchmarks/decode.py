@@ -1,6 +1,6 @@
 """Decode benchmark on smollm2-135m float32: reference vs megakernel (prints figures, asserts nothing).
 
-    python benchmarks/decode.py [--steps N] [--json]
+    .venv/bin/python -m benchmarks.decode [--steps N] [--json]
 
 Figures, all measured in the same run: the machine's read bandwidth, the batch-1 floor (weight
 bytes per step / bandwidth), the reference's decode ms/token at batch 1 (ratio to the floor) and
@@ -70,14 +70,14 @@ def step_seconds(eng, batch: int, steps: int, slots: int = 256, context: int = 1
     ids = np.asarray(out[0])
     *out, state = eng._decode_step(ids, lengths, state, 5, False)  # compile
     jax.block_until_ready(out[0])
-    before = eng._decode._cache_size()
+    before = eng.compiled_decode_shapes()
     times = []
     for i in range(steps):
         t = time.perf_counter()
         *out, state = eng._decode_step(ids, lengths + 1 + i, state, 5, False)
         jax.block_until_ready(out[0])
         times.append(time.perf_counter() - t)
-    return float(np.median(times)), eng._decode._cache_size() - before
+    return float(np.median(times)), eng.compiled_decode_shapes() - before
 
 
 def floors(names: list[str], steps: int, as_json: bool) -> None:

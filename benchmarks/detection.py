@@ -1,6 +1,6 @@
 """The detection table (issue 14): which rule catches which megakernel fault, and with how many prompts.
 
-    .venv/bin/python benchmarks/detection.py --dtype float32 --out benchmarks/results/detection-float32.json
+    .venv/bin/python -m benchmarks.detection --dtype float32 --out benchmarks/results/detection-float32.json
     .venv/bin/nox -s detection          # both dtypes, smollm2-135m (mini-moe for the MoE faults)
 
 A benchmark, not a test: it prints figures and writes JSON + a Markdown table; it asserts nothing.
@@ -36,21 +36,17 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from make_prompts import make  # noqa: E402
-
-from engines.megakernel import MegakernelEngine  # noqa: E402
-from engines.megakernel.faults import CATALOGUE  # noqa: E402
-from engines.reference import ReferenceEngine  # noqa: E402
-from evalsuite.compare import batching, peers, recipe_check, rule  # noqa: E402
-from evalsuite.compare.routing import routing_margins, routing_ties  # noqa: E402
-from evalsuite.compare.witness import OrderSpread, with_witness  # noqa: E402
-from evalsuite.engines import judge as judge_engine  # noqa: E402
-from evalsuite.prompts import Prompt  # noqa: E402
-from evalsuite.registry import load_model  # noqa: E402
-from evalsuite.versions import commit, versions  # noqa: E402
+from benchmarks.make_prompts import make
+from engines.megakernel import MegakernelEngine
+from engines.megakernel.faults import CATALOGUE
+from engines.reference import ReferenceEngine
+from evalsuite.compare import batching, peers, recipe_check, rule
+from evalsuite.compare.routing import routing_margins, routing_ties
+from evalsuite.compare.witness import OrderSpread, with_witness
+from evalsuite.engines import judge as judge_engine
+from evalsuite.prompts import Prompt
+from evalsuite.registry import load_model
+from evalsuite.versions import commit, versions
 
 CHUNK = 8
 RULES = ("evalsuite",) + peers.RULES

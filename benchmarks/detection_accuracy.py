@@ -1,7 +1,7 @@
 """The detection table's accuracy-only column (issue 14): does an lm-eval-style accuracy comparison
 (the paired verdict of `evalsuite run`) catch each fault? A fault is caught when the run FAILs.
 
-    .venv/bin/python benchmarks/detection_accuracy.py --task gpqa --limit 100 --data ../shared/data \\
+    .venv/bin/python -m benchmarks.detection_accuracy --task gpqa --limit 100 --data ../shared/data \\
         --out benchmarks/results/detection-accuracy-gpqa.json
 
 Each fault runs `evalsuite run TASK --fault F` into one output folder per model, so the reference's
@@ -20,10 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from engines.megakernel.faults import CATALOGUE  # noqa: E402
-from evalsuite.versions import commit, versions  # noqa: E402
+from engines.megakernel.faults import CATALOGUE
+from evalsuite.versions import commit, versions
 
 
 def main(argv=None) -> int:

@@ -2,8 +2,8 @@
 the other on the same machine, each in a fresh process (nothing shared but jax's persistent compilation cache,
 warmed by a first untimed run of each). A benchmark: prints figures, asserts nothing.
 
-    .venv/bin/python benchmarks/diff_cost.py --out benchmarks/results/diff-cost.json
-    .venv/bin/python benchmarks/diff_cost.py --model mini-llama --prompts quick --max-new-tokens 8 --out /tmp/x.json
+    .venv/bin/python -m benchmarks.diff_cost --out benchmarks/results/diff-cost.json
+    .venv/bin/python -m benchmarks.diff_cost --model mini-llama --prompts quick --max-new-tokens 8 --out /tmp/x.json
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ teacher-forced along the float32 reference's greedy tokens. Prints, per comparis
 first generated position and over the rest: how far each float32 engine is from exact arithmetic there,
 and from each other. A benchmark: prints figures, asserts nothing.
 
-    .venv/bin/python benchmarks/f64_witness.py gen-0170-raw-repetition [--prompts FILE] [--tokens 32]
+    .venv/bin/python -m benchmarks.f64_witness gen-0170-raw-repetition [--prompts FILE] [--tokens 32]
 
 --prompts: benchmarks/make_prompts.py's output (default: the false-alarm run's 1,000 prompts, seed 0).
 """
@@ -18,10 +18,6 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "engines" / "reference"))
-
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="a prompt's float32 engines against a float64 witness")
@@ -31,7 +27,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     path = Path(a.prompts)
     if not path.is_file():
-        print(f"error: {path} not found (benchmarks/make_prompts.py --n 1000 --seed 0 --out {path})", file=sys.stderr)
+        print(f"error: {path} not found (.venv/bin/python -m benchmarks.make_prompts --n 1000 --seed 0 --out {path})",
+              file=sys.stderr)
         return 2
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     hit = [r for r in rows if r.get("id") == a.prompt_id]
@@ -39,11 +36,10 @@ def main(argv=None) -> int:
         print(f"error: no prompt {a.prompt_id!r} in {path}", file=sys.stderr)
         return 2
 
-    from test_smollm2_independent import _numpy_logits, _numpy_model
-
     from engines.megakernel import MegakernelEngine
     from engines.reference import ReferenceEngine
     from evalsuite.registry import load_model, smollm2_path
+    from tests.engines.reference.test_smollm2_independent import _numpy_logits, _numpy_model
 
     m = load_model("smollm2-135m")
     r = hit[0]

@@ -4,7 +4,7 @@ prompt set (benchmarks/make_prompts.py), in-process and over HTTP (`evalsuite se
 per-prompt false-alarm rate (3/n; with k > 0 flagged, the exact one-sided 97.5% Clopper-Pearson bound),
 wall time and peak RSS (of the largest child process so far). A benchmark: prints figures, asserts nothing.
 
-    .venv/bin/python benchmarks/false_alarms.py --dtype float32 [--served] [--resume]
+    .venv/bin/python -m benchmarks.false_alarms --dtype float32 [--served] [--resume]
     .venv/bin/nox -s false_alarms      # 1,000 prompts, float32 and bfloat16, in-process and served
 
 The prompts run in chunks (--chunk, 100 by default), one `diff` process per chunk, and the summary
@@ -26,14 +26,11 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.make_prompts import main as make_prompts
+from evalsuite.bench.stats import cp_upper, rule_of_three
+from evalsuite.versions import commit, versions
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from make_prompts import main as make_prompts  # noqa: E402
-
-from evalsuite.bench.stats import cp_upper, rule_of_three  # noqa: E402
-from evalsuite.versions import commit, versions  # noqa: E402
 
 
 def _free_port() -> int:

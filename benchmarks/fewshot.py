@@ -3,7 +3,7 @@
 Prints figures; asserts nothing.
 
     bash benchmarks/install_hf.sh            # once: .venv-hf for the hf side
-    .venv/bin/python benchmarks/fewshot.py [--data ../shared/data] [--items 50] [--batch 32] [--hf-batch 1] [--json]
+    .venv/bin/python -m benchmarks.fewshot [--data ../shared/data] [--items 50] [--batch 32] [--hf-batch 1] [--json]
 
 Both sides run `evalsuite_gsm8k` (lm-eval 0.4.13's `gsm8k`: 5 exemplars per item drawn from the train
 split with few-shot seed 1234, greedy, 256 new tokens at most, stops "Question:", "</s>", "<|im_end|>")
@@ -29,19 +29,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.fewshot_hf import answers  # stdlib-only at import: safe in either environment
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 HF_PY = ROOT / ".venv-hf" / "bin" / "python"
 SHARED = ROOT.parent / "shared" / "data"
 TASK = "evalsuite_gsm8k"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fewshot_hf import _answers  # noqa: E402  (stdlib-only at import: safe in either environment)
 
 
 def ours(tasks_dir: str, items: int, batch: int, passes: int) -> dict:
     """One process of evalsuite's side: `passes` timed simple_evaluate calls."""
-    sys.path.insert(0, str(ROOT))
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -57,7 +56,7 @@ def ours(tasks_dir: str, items: int, batch: int, passes: int) -> dict:
                                       random_seed=LM_EVAL_RANDOM_SEED, numpy_random_seed=LM_EVAL_SEED,
                                       torch_random_seed=LM_EVAL_SEED, fewshot_random_seed=LM_EVAL_SEED,
                                       verbosity="ERROR")
-        out.append({"s": time.perf_counter() - t, "samples": _answers(res["samples"][TASK])})
+        out.append({"s": time.perf_counter() - t, "samples": answers(res["samples"][TASK])})
     return {"passes": out}
 
 
@@ -70,9 +69,9 @@ def _failed(p: subprocess.CompletedProcess, side: str) -> None:
 
 def ours_process(tasks_dir: Path, items: int, batch: int, passes: int, cache: Path) -> dict:
     env = dict(os.environ, EVALSUITE_COMPILE_CACHE=str(cache))
-    p = subprocess.run([sys.executable, __file__, "--side", "ours", "--tasks-dir", str(tasks_dir), "--items",
-                        str(items), "--batch", str(batch), "--passes", str(passes)],
-                       capture_output=True, text=True, env=env)
+    p = subprocess.run([sys.executable, "-m", "benchmarks.fewshot", "--side", "ours", "--tasks-dir", str(tasks_dir),
+                        "--items", str(items), "--batch", str(batch), "--passes", str(passes)],
+                       capture_output=True, text=True, env=env, cwd=ROOT)
     _failed(p, "evalsuite's side")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -103,9 +102,8 @@ def main() -> None:
     if a.side == "ours":
         print(json.dumps(ours(a.tasks_dir, a.items, a.batch, a.passes)))
         return
-    sys.path.insert(0, str(ROOT))
     from evalsuite.bench.data import resolve
-    from evalsuite.bench.run import LM_EVAL_RANDOM_SEED, LM_EVAL_SEED, _resolve_tasks
+    from evalsuite.bench.run import LM_EVAL_RANDOM_SEED, LM_EVAL_SEED, resolve_tasks
     from evalsuite.errors import SpecError
     from evalsuite.registry import smollm2_path
     from evalsuite.versions import versions
@@ -116,7 +114,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="evalsuite-fewshot-"))
     try:
         src = resolve("gsm8k", data)
-        tasks_dir = _resolve_tasks("gsm8k", src, work)
+        tasks_dir = resolve_tasks("gsm8k", src, work)
     except SpecError as e:
         sys.exit(f"fewshot.py: {e}")
     cache = work / "jax-cache"

@@ -51,10 +51,10 @@ def main() -> None:
     json.dump({"load_s": load_s, "eval_s": eval_s, "batch": a.batch, "torch_threads": torch.get_num_threads(),
                "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                             "lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__") else "?"},
-               "samples": _answers(res["samples"]["evalsuite_gsm8k"])}, sys.stdout)
+               "samples": answers(res["samples"]["evalsuite_gsm8k"])}, sys.stdout)
 
 
-def _answers(samples) -> dict:
+def answers(samples) -> dict:
     """filter -> doc_id -> (extracted answer, raw response)."""
     out: dict = {}
     for s in samples:

@@ -1,6 +1,6 @@
 """A full-size `evalsuite run` kept as exported shards, so that it can be computed over several machines or days.
 
-    .venv/bin/python benchmarks/full_run.py --task gsm8k --shards 8 --data ../shared/data \\
+    .venv/bin/python -m benchmarks.full_run --task gsm8k --shards 8 --data ../shared/data \\
         --results benchmarks/results/gsm8k-full
 
 For each shard i of N not yet in --results: `evalsuite run TASK --shard i/N --output WORK/si` (resumable from

@@ -1,6 +1,6 @@
 """A large, varied, seeded prompt set for false-alarm runs and the detection table (issue 14).
 
-    python benchmarks/make_prompts.py --n 1000 --seed 0 --out runs/prompts-1000.jsonl
+    .venv/bin/python -m benchmarks.make_prompts --n 1000 --seed 0 --out runs/prompts-1000.jsonl
 
 Every prompt is generated here from word lists and templates (no dataset text), in the prompt-set
 JSONL of evalsuite/prompts.py: raw and chat; short (a few tokens) to long (raw prompts of up to 1,500

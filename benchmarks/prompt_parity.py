@@ -12,7 +12,7 @@ printed.
 Prints counts and the KIND and offset of each difference, never item text (GPQA's questions must not
 appear in logs). Figures, not assertions:
 
-    .venv/bin/python benchmarks/prompt_parity.py --data ../shared/data [--limit N]
+    .venv/bin/python -m benchmarks.prompt_parity --data ../shared/data [--limit N]
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None)
     args = ap.parse_args()
     from evalsuite.bench.data import offline, resolve
-    from evalsuite.bench.run import _resolve_tasks
+    from evalsuite.bench.run import resolve_tasks
 
     offline()
     d = Path(args.data).resolve()
@@ -150,8 +150,8 @@ def main() -> None:
                  "csv")
     lm_eval_copy("gpqa/cot_zeroshot", ["_gpqa_cot_zeroshot_yaml", "gpqa_diamond_cot_zeroshot.yaml"],
                  tmp / "lm" / "gpqa-cot", gpqa, "csv")
-    ours_g = _resolve_tasks("gsm8k", resolve("gsm8k", str(d)), tmp / "ours-gsm8k")
-    ours_q = _resolve_tasks("gpqa", resolve("gpqa", str(d)), tmp / "ours-gpqa")
+    ours_g = resolve_tasks("gsm8k", resolve("gsm8k", str(d)), tmp / "ours-gsm8k")
+    ours_q = resolve_tasks("gpqa", resolve("gpqa", str(d)), tmp / "ours-gpqa")
     bad = compare("gsm8k 5-shot (evalsuite_gsm8k vs lm-eval gsm8k)",
                   requests("evalsuite_gsm8k", ours_g, args.limit)[1],
                   requests("gsm8k", tmp / "lm" / "gsm8k", args.limit)[1])

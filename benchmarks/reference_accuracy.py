@@ -1,7 +1,7 @@
 """One engine's accuracy on a benchmark, alone (no second engine, no paired verdict): for a model only the
 reference implements (qwen2.5-coder-0.5b: the megakernel has no Qwen2 biases). Prints figures, asserts nothing.
 
-    .venv/bin/python benchmarks/reference_accuracy.py --model qwen2.5-coder-0.5b --task gsm8k \\
+    .venv/bin/python -m benchmarks.reference_accuracy --model qwen2.5-coder-0.5b --task gsm8k \\
         --data ../shared/data --limit 100 [--variant 5shot] [--output runs/acc-qwen]
 
 The same lm-eval task, data, seeds and journal as `evalsuite run` (evalsuite.bench.run), so the run resumes
@@ -20,13 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from evalsuite.bench import stats  # noqa: E402
-from evalsuite.bench.data import check_rows, load_rows, resolve  # noqa: E402
-from evalsuite.bench.run import DEFAULT_VARIANT, LM_EVAL_SEED, RunSpec, _resolve_tasks, _run_engine  # noqa: E402
-from evalsuite.registry import load_model  # noqa: E402
-from evalsuite.versions import versions  # noqa: E402
+from evalsuite.bench import stats
+from evalsuite.bench.data import check_rows, load_rows, resolve
+from evalsuite.bench.run import DEFAULT_VARIANT, LM_EVAL_SEED, RunSpec, resolve_tasks, run_engine
+from evalsuite.registry import load_model
+from evalsuite.versions import versions
 
 
 def main() -> None:
@@ -49,9 +47,9 @@ def main() -> None:
     spec = RunSpec(task=a.task, variant=variant, engine=a.engine, model=a.model, limit=a.limit,
                    data_dir=a.data, output=str(out), seed=LM_EVAL_SEED)
     model = load_model(a.model)
-    tasks = _resolve_tasks(a.task, src, out)
-    res = _run_engine(spec, a.engine, "float32", None, tasks, out,
-                      lambda s: print(f"[{time.strftime('%H:%M:%S')}] {s}", file=sys.stderr, flush=True))
+    tasks = resolve_tasks(a.task, src, out)
+    res = run_engine(spec, a.engine, "float32", None, tasks, out,
+                     lambda s: print(f"[{time.strftime('%H:%M:%S')}] {s}", file=sys.stderr, flush=True))
     recs = res["records"]
     n = len(recs)
     by_filter = {}

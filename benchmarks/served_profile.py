@@ -2,7 +2,7 @@
 with `--engine openai` against it, every engine call timed (generate, forced_topk, score; the client's
 and the in-process reference's). A benchmark: prints figures, asserts nothing.
 
-    .venv/bin/python benchmarks/served_profile.py [--n 24] [--model smollm2-135m] [--dtype float32]
+    .venv/bin/python -m benchmarks.served_profile [--n 24] [--model smollm2-135m] [--dtype float32]
 
 The prompts are benchmarks/make_prompts.py's seeded set of --n prompts (seed 0).
 """
@@ -15,12 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from false_alarms import Server  # noqa: E402
-from make_prompts import main as make_prompts  # noqa: E402
+from benchmarks.false_alarms import Server
+from benchmarks.make_prompts import main as make_prompts
 
 
 def timed(cls, name: str, log: list) -> None:

@@ -1,7 +1,7 @@
 """Item sharding over processes: one `evalsuite run` against two `--shard i/2` workers on the same machine
 (prints figures, asserts nothing but that the merge equals the single run).
 
-    python benchmarks/shard_speed.py [--task gsm8k] [--limit 24] [--model smollm2-135m] [--json]
+    .venv/bin/python -m benchmarks.shard_speed [--task gsm8k] [--limit 24] [--model smollm2-135m] [--json]
 
 In the same run, with the same compilation cache (warmed first by a 2-item run, so neither side pays
 compilation the other does not): the wall time and items/min of one process over every item, of two

@@ -6,7 +6,7 @@ slope of the engine's centred logits on the recipe's (1 = the same scale); then 
 its t statistic. A benchmark: prints figures, asserts nothing; not a verdict path (docs/calibration.md has the
 logit-scale figures).
 
-    .venv/bin/python benchmarks/signed_bias.py --model mini-llama --prompts builtin --n 32 \\
+    .venv/bin/python -m benchmarks.signed_bias --model mini-llama --prompts builtin --n 32 \\
         --faults none,norm_eps,final_norm_eps,bf16_residual,rope_theta
 """
 
@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 N_TOKENS = 32
 

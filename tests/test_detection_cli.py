@@ -1,21 +1,20 @@
 """benchmarks/detection.py's --recheck-evalsuite: bad input stops in one line (exit 2) before any model loads and
 leaves the table as it was; a re-checked catch that moved is shown beside the old one."""
 
-import importlib.util
+import importlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "detection.py"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def detection():
-    spec = importlib.util.spec_from_file_location("detection_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("benchmarks.detection")
 
 
 def _table(path: Path, **settings) -> str:
@@ -42,6 +41,17 @@ def test_recheck_refuses_bad_input_in_one_line(detection, tmp_path, capsys, case
     err = capsys.readouterr().err.strip()
     assert why in err and "\n" not in err and "Traceback" not in err
     assert (out.read_text() if out.exists() else None) == before  # nothing written over
+
+
+def test_runs_as_a_module_from_the_root(tmp_path):
+    """As documented: `.venv/bin/python -m benchmarks.detection ...` from the repository root."""
+    out = tmp_path / "missing.json"
+    p = subprocess.run([sys.executable, "-m", "benchmarks.detection", "--out", str(out), "--recheck-evalsuite"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    err = p.stderr.strip()
+    assert p.returncode == 2, err[-2000:]
+    assert "does not exist" in err.splitlines()[-1] and "Traceback" not in err  # the one-line message: above
+    assert not out.exists()
 
 
 def test_a_moved_catch_shows_the_old_one(detection):

@@ -249,6 +249,10 @@ class MegakernelEngine(Engine):
     def path_log(self) -> PathLog:
         return self._paths
 
+    def compiled_decode_shapes(self) -> int:
+        """How many decode-kernel programs (one per rows, slots, window, taps) this engine's spec has compiled."""
+        return self._decode._cache_size()
+
     def _rope_tables(self, theta: float) -> dict:
         c = self.config
         pq, fq = ops.rope_tables(c.rope_style, c.head_dim, c.n_heads, theta)

@@ -234,6 +234,10 @@ class ReferenceEngine(Engine):
                           extend=self._extend_step if self.share_prefix else None, stop_check=stop_check,
                           shrink=self._shrink_step, insert=self._insert_step, on_result=on_result, log=self._paths)
 
+    def compiled_decode_shapes(self) -> int:
+        """How many decode-step programs (one per rows, slots, window) this engine's spec has compiled."""
+        return self._decode._cache_size()
+
     def decode_forced(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Teacher-forced incremental decode: prefill each prompt, then feed its continuation one

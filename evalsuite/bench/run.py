@@ -88,7 +88,7 @@ class RunSpec:
         return int(i), int(n)
 
 
-def _resolve_tasks(task: str, data: Data, out: Path) -> Path:
+def resolve_tasks(task: str, data: Data, out: Path) -> Path:
     """Copy the task YAMLs into the run folder, pointing data_files at the chosen data (and, for a
     few-shot task, its train split), written there as JSONL whatever the source format (parquet, CSV or
     JSONL in the hub schema)."""
@@ -140,8 +140,8 @@ def release_memory() -> None:
             pass
 
 
-def _run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks_dir: Path, out: Path,
-                progress: Callable[[str], None], built=None, folder: str | None = None) -> dict:
+def run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks_dir: Path, out: Path,
+               progress: Callable[[str], None], built=None, folder: str | None = None) -> dict:
     offline()
     import lm_eval
     from lm_eval.tasks import TaskManager
@@ -308,7 +308,7 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     rows = load_rows(data)
     check_rows(spec.task, data, rows)
     n_items = len(rows)
-    tasks_dir = _resolve_tasks(spec.task, src, out)
+    tasks_dir = resolve_tasks(spec.task, src, out)
     model = load_model(spec.model)
     # the engine under test is built (a server probed) first: what it cannot do is refused before any work
     from evalsuite.engines import make_engine
@@ -323,10 +323,10 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     api_notes = {"engine_capabilities": caps.report(), "notes": list(caps.notes), "forced_path": caps.forced_path,
                  "not_checked": caps.not_checked(uses_forced)}
     engines = {}
-    engines[spec.against] = _run_engine(spec, spec.against, "float32", None, tasks_dir, out, progress)
+    engines[spec.against] = run_engine(spec, spec.against, "float32", None, tasks_dir, out, progress)
     release_memory()  # the judge is done: its buffers go back before the engine under test runs
     key = spec.engine if spec.engine != spec.against else spec.engine + "-under-test"  # its own folder, journal
-    engines[key] = _run_engine(spec, spec.engine, spec.dtype, spec.fault, tasks_dir, out, progress, built, key)
+    engines[key] = run_engine(spec, spec.engine, spec.dtype, spec.fault, tasks_dir, out, progress, built, key)
     context = {"dataset": _dataset(src, data, bundled, n_items, spec), "weights_sha256": model.weights.sha256,
                "api": api_notes, "bundled": bundled, "n_items": n_items}
     result = assemble(spec, engines, context, time.time() - t0)

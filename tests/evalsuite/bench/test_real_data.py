@@ -62,7 +62,7 @@ def test_prompts_are_lm_evals_own_character_for_character(limit):
     gpqa_diamond_cot_zeroshot and ours on the real items; nothing may differ but GPQA's answer order. CI takes
     the first 300 GSM8K items and all 198 GPQA ones (20 s against 45 s for all 1,319, alone on this machine);
     `nox -s heavy` every item."""
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "prompt_parity.py"), "--data", str(SHARED),
+    p = subprocess.run([sys.executable, "-m", "benchmarks.prompt_parity", "--data", str(SHARED),
                         *(["--limit", str(limit)] if limit else [])],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     out = p.stdout

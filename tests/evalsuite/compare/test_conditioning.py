@@ -6,8 +6,6 @@ report says so."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +14,6 @@ from engines.base import Forced
 from evalsuite.compare.diff import DiffSpec, run_diff
 from evalsuite.compare.rule import CONDITIONING_FACTOR, Tolerances, compare_prompt
 
-ROOT = Path(__file__).resolve().parents[3]
 # The float32 reference's largest |Δlogit| from its float64 math over 64 varied prompts, repetition prompts included
 # (`benchmarks/calibrate_f64.py --prompts 64`, 2026-12-02): a typical position's own error.
 F64_FLOOR = 1.93e-4
@@ -100,12 +97,10 @@ def test_the_false_alarm_found_in_the_1000_prompts_is_cleared(smollm2, tmp_path)
     moved both (2026-12-02, at 1a5db2d alone: the megakernel 3.4e-4 from the reference, the reference 4.2e-3 from
     float64), so whether the position is flagged depends on the build and the batch: the test asserts the PASS,
     that a flag there is cleared, and that the position is still ill-conditioned."""
+    from benchmarks.make_prompts import make
     from evalsuite.compare.witness import judge_error
     from evalsuite.engines import judge
     from evalsuite.prompts import Prompt
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from make_prompts import make
 
     row = make(171, 0)[170]
     assert row["id"] == "gen-0170-raw-repetition"
@@ -125,8 +120,7 @@ def test_the_false_alarm_found_in_the_1000_prompts_is_cleared(smollm2, tmp_path)
 def test_the_bf16_false_alarm_found_in_the_1000_prompts_is_cleared(smollm2, tmp_path):
     """gen-0020-raw-repetition: the faithful bf16 megakernel was 5.8-5.9 from the float32 reference at position
     16 (bound 1.1) and took another token there, because the reference's own bf16 recipe is about as far (5.7)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from make_prompts import make
+    from benchmarks.make_prompts import make
 
     row = make(21, 0)[20]
     assert row["id"] == "gen-0020-raw-repetition"
