@@ -149,7 +149,7 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress, only_
             if fault is None and rec["real_positions"]:  # a false alarm: which prompt, which positions
                 detail["flagged"][prompts[c + i][0]] = rec["real_positions"]
             if dtype != "float32":
-                drift_e.append(rec["_drift"])  # as diff: every position, routing near-ties included
+                drift_e.append(rec.drift)  # as diff: every position, routing near-ties included
                 drift_r.append(rule.metrics.kl(rg.logits, judge.recipe[c + i].logits))
                 slopes.append((rule.logit_slope(rg.logits, fo.logits),  # as diff: the logit-scale check
                                rule.logit_slope(rg.logits, judge.recipe[c + i].logits)))

@@ -162,7 +162,7 @@ def _bf16_checks(model, caps, prompts, conts, judges, forced, recs, tol) -> tupl
     recipe = judge(model, "bfloat16")
     own = recipe.forced_topk(prompts, conts, TOP_K, want_logits=caps.logits)
     own_recs = [compare_prompt(c, jd, o, None, tol) for c, jd, o in zip(conts, judges, own)]
-    drift = rule.drift_check([r["_drift"] for r in recs], [r["_drift"] for r in own_recs], "bfloat16")
+    drift = rule.drift_check([r.drift for r in recs], [r.drift for r in own_recs], "bfloat16")
     ref = judge(model) if caps.logits or model.config.n_moe_layers else None
     scale = _scale(ref, prompts, conts, forced, own) if caps.logits else {
         "checked": False, "why": "bf16 logit-scale check (rule.SCALE): the engine gives no full logits"}

@@ -221,8 +221,8 @@ def _main_group(run: _Run, idx: list[int]) -> None:
                                 "not line up with the reference's tokens, so none were compared")
         if rl is not None and caps.logits and fo is not None:  # the bf16 logit-scale check (rule.SCALE)
             run.slopes[i] = (rule.logit_slope(rg.logits, fo.logits), rule.logit_slope(rg.logits, rl.logits))
-        if rl is not None and rec["_drift"] is not None:
-            run.drift_e[i] = rec["_drift"]
+        if rl is not None and rec.drift is not None:
+            run.drift_e[i] = rec.drift
             run.drift_r[i] = (metrics.kl(rg.logits, rl.logits) if caps.logits
                               else np.abs(rl.token_logprobs - track.token_logprobs))
         if routed:
@@ -231,8 +231,7 @@ def _main_group(run: _Run, idx: list[int]) -> None:
         run.tracks[i] = track
         run.ref_tokens[i] = list(rg.token_ids)
         run.mains[i] = None if how == "unresolved" else eg
-        run.matched.extend(float(x) for x in rec.pop("_matched"))
-        rec.pop("_drift")
+        run.matched.extend(float(x) for x in rec.matched)
         _texts(run.model.tokenizer, rec["first_divergence"])
         run.per_prompt[i] = {"id": pid, "kind": run.encoded[i][0].kind, "prompt_tokens": len(rg.prompt_ids), **rec}
 

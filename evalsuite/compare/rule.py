@@ -70,6 +70,17 @@ def _ref_view(ref: Forced):
     return at, marg, rank
 
 
+class PromptRecord(dict):
+    """compare_prompt's record of one prompt: the JSON record (a dict), plus two per-position arrays its callers
+    aggregate over a run and never report per prompt: matched (the measure at positions where the tokens agree:
+    the observed noise) and drift (what the bf16 drift check averages: KL, or over an API the token's
+    |Δlogprob|)."""
+
+    def __init__(self, record: dict, matched: np.ndarray, drift: np.ndarray | None):
+        super().__init__(record)
+        self.matched, self.drift = matched, drift
+
+
 def _teacher_forced(ref: Forced, forced: Forced | None, rt, ref_tok_lp, lp_at, b: dict) -> tuple:
     """The engine teacher-forced along the judge's tokens: (|Δlogit|, KL, |Δlogprob|, the token's own |Δlogprob|,
     within-bounds per position, the engine's argmax), each None where the records cannot give it."""
@@ -186,7 +197,9 @@ def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generati
     dist -= real
     d = dlogit if dlogit is not None else dlp
     matched = d[agree] if d is not None else np.zeros(0)
-    return {"first_divergence": first, "engine_stopped_at_eos": stopped_at,
+    # drift: what the recipe's record gives too (over an API the token's |Δlogprob|, not every rank's)
+    drift = kl if kl is not None else tok_d if tok_d is not None else dlp
+    return PromptRecord({"first_divergence": first, "engine_stopped_at_eos": stopped_at,
             "real_positions": sorted(real | dist), "token_mismatches": sorted(real),
             "distribution_mismatches": sorted(dist), "benign_positions": sorted(benign),
             "margins_at_divergences": {int(j): float(marg[j]) for j in sorted(real | benign)},
@@ -198,8 +211,7 @@ def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generati
                    "max_dlogprob": _nanmax(np.concatenate([dlp if dlp is not None else [], gen_d])),
                    "dlogprob_generated": [float(x) for x in gen_d],
                    "argmax_agreement": float(agree.mean()) if arg is not None else float(upto / max(n, 1))},
-            # drift: what the recipe's record gives too (over an API the token's |Δlogprob|, not every rank's)
-            "_matched": matched, "_drift": kl if kl is not None else tok_d if tok_d is not None else dlp}
+            }, matched, drift)
 
 
 def position_bounds(tol: Tolerances, n: int, conditioning: tuple[np.ndarray, np.ndarray] | None) -> dict:

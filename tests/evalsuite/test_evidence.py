@@ -95,7 +95,6 @@ def test_api_shaped_results_make_a_report(tmp_path):
     ids = np.argsort(-ref, -1)[:, :5]
     forced = Forced(lp[np.arange(N), toks], ids, np.take_along_axis(lp, ids, -1))
     rec = _cmp(ref, toks, bad, _gen_lp(ref, bad), forced, rule.Tolerances.for_dtype("float32"))
-    rec.pop("_matched"), rec.pop("_drift")
     result = {"verdict": "FAIL", "engine": "openai", "against": "reference", "model": "m", "dtype": "float32",
               "fault": None, "prompts": 1, "prompt_set": "x", "prompt_set_sha256": "0" * 64, "max_new_tokens": N,
               "positions": N, "weights_sha256": "0" * 64, "real_mismatches": len(rec["real_positions"]),
