@@ -42,7 +42,7 @@ from engines.megakernel.faults import CATALOGUE
 from engines.reference import ReferenceEngine
 from evalsuite.compare import batching, peers, recipe_check, rule
 from evalsuite.compare.routing import routing_margins, routing_ties
-from evalsuite.compare.witness import OrderSpread, with_witness
+from evalsuite.compare.witness import Flagged, OrderSpread, with_witness
 from evalsuite.engines import judge as judge_engine
 from evalsuite.prompts import Prompt
 from evalsuite.registry import load_model
@@ -140,8 +140,8 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress, only_
             rg, sg = judge.ref[c + i], judge.same[c + i]
             rec = rule.compare_prompt(rg.token_ids, rg.track(), fo, eg, tol)
             if rec["real_positions"]:  # as diff: the conditioning witness (float64 in float32, the recipe in bf16)
-                rec = with_witness(judge.engine, prompts[c + i][1], rg, fo, eg, tol, (), rec, witnessed, None,
-                                   judge.recipe[c + i] if dtype != "float32" else None, orders)
+                rec = with_witness(judge.engine, Flagged(prompts[c + i][1], rg, fo, eg, rec, recipe=judge.recipe[c + i]
+                                                         if dtype != "float32" else None), tol, witnessed, orders)
             if judge.margins:  # as diff: real positions at the reference's routing near-ties are not judged
                 rt = routing_ties([rec], {0: judge.margins[c + i]}, judge.moved, {0: judge.recipe_real[c + i]})
                 detail["routing_not_judged"] = detail.get("routing_not_judged", 0) + rt["positions_not_judged"]

@@ -209,8 +209,8 @@ def _main_group(run: _Run, idx: list[int]) -> None:
         track = rg.track()
         rec = rule.compare_prompt(rg.token_ids, track, fo, eg, tol, eos_ids=eos_ids)
         if rec["real_positions"] and how != "unresolved":  # the conditioning witness (rule.CONDITIONING)
-            rec = witness.with_witness(run.ref, run.encoded[i][1], rg, fo, eg, tol, eos_ids, rec, run.witnessed,
-                                       track, rl, run.orders)
+            rec = witness.with_witness(run.ref, witness.Flagged(run.encoded[i][1], rg, fo, eg, rec, eos_ids, track, rl),
+                                       tol, run.witnessed, run.orders)
         if tol16 is not None and how != "unresolved":  # the same positions under bf16's bounds
             r16 = rule.compare_prompt(rg.token_ids, track, fo, eg, tol16, eos_ids=eos_ids)
             run.under16.append(len(r16["real_positions"]))

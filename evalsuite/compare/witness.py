@@ -11,8 +11,12 @@ Where the witness cannot run, the flags stand and the prompt is named as unwitne
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import numpy as np
 
+from engines.base import Forced, Generation
 from engines.errors import ModelError
 from evalsuite.compare import metrics, rule
 
@@ -94,20 +98,38 @@ class OrderSpread:
         return out
 
 
-def with_witness(ref, prompt, rg, fo, eg, tol, eos_ids, rec: dict, witnessed: list, track=None,
-                 recipe=None, orders: OrderSpread | None = None, ends: bool = False) -> dict:
-    """rec: compare_prompt's record of one prompt with flagged positions; returns it judged again under the
-    widened bounds, with what the witness measured at each flagged position under rec["conditioning"].
-    orders (bf16): the recipe's other reduction orders, run where flags survive the one recipe."""
+@dataclass(frozen=True)
+class Flagged:
+    """One prompt with flagged positions, as the judge saw it: its prompt ids, the reference's generation rg, the
+    engine teacher-forced (fo) and free-running (eg), compare_prompt's record of it, and how it was compared."""
+
+    prompt: Sequence[int]
+    rg: Generation
+    fo: Forced | None
+    eg: Generation | None
+    rec: dict
+    eos_ids: tuple = ()
+    track: Forced | None = None  # the reference's record along rg (rg.track() when None)
+    recipe: Forced | None = None  # bf16: the recipe teacher-forced along rg's tokens
+    ends: bool = False
+
+
+def with_witness(ref, case: Flagged, tol, witnessed: list, orders: OrderSpread | None = None) -> dict:
+    """case.rec judged again under bounds widened by the judge's own error at each position (the conditioning
+    witness), with what the witness measured under "conditioning"; a new record, case.rec unchanged. orders (bf16):
+    the recipe's other reduction orders, run where flags survive the one recipe. witnessed: the run's log, one
+    entry appended per call."""
+    prompt, rg, fo, eg, rec, eos_ids, ends = case.prompt, case.rg, case.fo, case.eg, case.rec, case.eos_ids, case.ends
     flagged = rec["real_positions"]
     try:
-        own, own_kl = judge_error(ref, prompt, rg, recipe, tol.dtype)
+        own, own_kl = judge_error(ref, prompt, rg, case.recipe, tol.dtype)
     except ModelError as e:
         witnessed.append({"run": False, "why": str(e), "note": f"conditioning witness: not run ({e}); the flagged "
                           "positions may be ill-conditioned rather than wrong"})
-        rec["conditioning"] = {"run": False, "why": str(e)}
-        return rec
-    track = track or rg.track()
+        out = rule.PromptRecord(rec, rec.matched, rec.drift) if isinstance(rec, rule.PromptRecord) else dict(rec)
+        out["conditioning"] = {"run": False, "why": str(e)}
+        return out
+    track = case.track or rg.track()
     again = rule.compare_prompt(rg.token_ids, track, fo, eg, tol, eos_ids=eos_ids, conditioning=(own, own_kl),
                                 ends=ends)
     spread: dict = {"run": False, "why": "float32: the judge's float64 math is its exact witness" if tol.dtype ==
@@ -166,13 +188,12 @@ class SecondLook:
         self.witnessed, self.moved = witnessed, moved
 
     def __call__(self, prompt, tokens, track, eg, rec: dict) -> dict:
-        from engines.base import Generation
         from evalsuite.compare import routing
 
         rg = Generation(list(prompt), list(tokens), track.top_ids, track.top_logprobs, "stop", track.logits)
         rl = self.recipe.forced_topk([prompt], [list(tokens)], 5, want_logits=True)[0] if self.recipe else None
-        rec = with_witness(self.ref, prompt, rg, None, eg, self.tol, (), rec, self.witnessed, track, rl, self.orders,
-                           ends=True)
+        rec = with_witness(self.ref, Flagged(prompt, rg, None, eg, rec, track=track, recipe=rl, ends=True), self.tol,
+                           self.witnessed, self.orders)
         if rec["real_positions"] and self.moved is not None and len(tokens):
             margins = routing.routing_margins(self.ref, self.recipe, prompt, tokens)
             own = rule.compare_prompt(tokens, track, rl, None, self.tol)["real_positions"]

@@ -188,8 +188,8 @@ def test_in_bf16_flags_the_recipe_leaves_are_judged_by_its_other_reduction_order
         order[2, low] += order_shift
         built: list = []
         spread.build = lambda seed: _Order(order, built)
-        out = witness.with_witness(None, [1], Gen(), eng, None, tol, (), rec, [], None, F.from_logits(recipe, toks, 5),
-                                   spread)
+        case = witness.Flagged([1], Gen(), eng, None, rec, recipe=F.from_logits(recipe, toks, 5))
+        out = witness.with_witness(None, case, tol, [], spread)
         return out["real_positions"], out["conditioning"]["other_orders"], len(built)
 
     spread = witness.OrderSpread(None)
