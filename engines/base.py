@@ -289,6 +289,9 @@ class Engine(abc.ABC):
     faults: ClassVar[tuple[str, ...]] = ()  # fault names create() accepts (CLI --fault choices)
     options: ClassVar[tuple[str, ...]] = ()  # --engine-option keys create() reads from EngineOptions.extra
     takes_remote: ClassVar[bool] = False  # create() needs options.remote (a server URL)
+    # why the engine has no float32 build of its own to judge beside a bf16 run (a server runs in its own dtype; the
+    # reference's float32 build is the judge), empty where create(dtype="float32") builds one
+    no_float32_build: ClassVar[str] = ""
     name: str
     config: Config
     dtype: str

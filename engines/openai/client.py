@@ -56,6 +56,7 @@ class OpenAIEngine(Engine):
     """A server speaking the OpenAI completions API (vLLM, SGLang, llama.cpp, evalsuite serve): --base-url."""
 
     takes_remote = True
+    no_float32_build = "a served engine runs in the server's dtype; diff the server started in float32"
     max_batch = ROWS_PER_REQUEST
 
     @classmethod

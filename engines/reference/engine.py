@@ -96,6 +96,7 @@ class ReferenceEngine(Engine):
     (see model.py: the bf16 recipe engines declare)."""
 
     capabilities = Capabilities(logits=True, taps=True, forced_path="decode")
+    no_float32_build = "the reference's float32 build is the judge itself"
     max_batch = MAX_BATCH
     streams_results = True  # continuous batching (engines.stream.greedy_stream)
     options = ("mesh",)  # --engine-option mesh=tp=2,dp=2: the weights on a JAX mesh (engines.reference.sharding)

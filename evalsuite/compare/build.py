@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from engines.errors import ModelError
+from evalsuite.engines import engine_class
 from evalsuite.errors import SpecError
 from evalsuite.results import DiffResult
 
@@ -38,10 +39,9 @@ def with_float32_build(spec, result: DiffResult, diff_one: Callable) -> DiffResu
     verdict folded in (FAIL if it FAILs) and its summary under details["float32_build"]."""
     if not spec.float32_build:
         return _said(result, "turned off (--no-float32-build)")
-    if spec.remote is not None or spec.engine == "openai":
-        return _said(result, "a served engine runs in the server's dtype; diff the server started in float32")
-    if spec.engine == "reference":
-        return _said(result, "the reference's float32 build is the judge itself")
+    why_not = engine_class(spec.engine).no_float32_build
+    if why_not:
+        return _said(result, why_not)
     try:
         r32 = diff_one(replace(spec, dtype="float32", noise_tol=None, require=(), float32_build=False,
                                 main_only=True))
