@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     from benchmarks.detection import prompt_order
     from engines.reference import ReferenceEngine
     from evalsuite.compare import metrics
-    from evalsuite.registry import load_model
+    from evalsuite.models import load_model
     from evalsuite.versions import versions
 
     m = load_model("smollm2-135m")

@@ -21,8 +21,8 @@ import numpy as np
 from engines.megakernel import MegakernelEngine
 from engines.reference import ReferenceEngine
 from evalsuite.compare import metrics
+from evalsuite.models import load_model
 from evalsuite.prompts import load_prompts
-from evalsuite.registry import load_model
 from evalsuite.versions import versions
 
 ap = argparse.ArgumentParser()

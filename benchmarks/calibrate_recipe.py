@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from evalsuite.compare import recipe_check, witness
-from evalsuite.engines import judge, make_engine
+from evalsuite.models import load_model
+from evalsuite.plugins import judge, make_engine
 from evalsuite.prompts import load_prompts
-from evalsuite.registry import load_model
 from evalsuite.versions import versions
 
 FAULTS = ("mm_bf16_out", "kv_bf16_slot", "bf16_residual", "pos_weights_dtype")

@@ -24,7 +24,7 @@ import numpy as np
 from benchmarks.detection import prompt_order
 from engines.reference import ReferenceEngine
 from evalsuite.compare import routing
-from evalsuite.registry import load_model
+from evalsuite.models import load_model
 from evalsuite.versions import versions
 
 N = 32

@@ -26,7 +26,7 @@ from engines.base import next_pow2
 COLD_SCRIPT = """
 import sys, time
 t = time.perf_counter()
-from evalsuite.registry import load_model
+from evalsuite.models import load_model
 from engines.reference import ReferenceEngine
 ref = ReferenceEngine(load_model("smollm2-135m").weights, "float32")
 t1 = time.perf_counter()
@@ -86,7 +86,7 @@ def floors(names: list[str], steps: int, as_json: bool) -> None:
     row) / this machine's read bandwidth (numpy, one thread), measured in the same run."""
     from engines.errors import ModelError
     from engines.reference import ReferenceEngine
-    from evalsuite.registry import load_model
+    from evalsuite.models import load_model
 
     bw = read_bandwidth_gbs()
     rows = []
@@ -124,7 +124,7 @@ def main() -> None:
 
     from engines.megakernel import MegakernelEngine
     from engines.reference import ReferenceEngine
-    from evalsuite.registry import load_model
+    from evalsuite.models import load_model
 
     m = load_model("smollm2-135m")
     ref = ReferenceEngine(m.weights, "float32")

@@ -43,9 +43,9 @@ from engines.reference import ReferenceEngine
 from evalsuite.compare import batching, peers, recipe_check, rule
 from evalsuite.compare.routing import routing_margins, routing_ties
 from evalsuite.compare.witness import Flagged, OrderSpread, with_witness
-from evalsuite.engines import judge as judge_engine
+from evalsuite.models import load_model
+from evalsuite.plugins import judge as judge_engine
 from evalsuite.prompts import Prompt
-from evalsuite.registry import load_model
 from evalsuite.versions import commit, versions
 
 CHUNK = 8

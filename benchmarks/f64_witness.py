@@ -38,7 +38,7 @@ def main(argv=None) -> int:
 
     from engines.megakernel import MegakernelEngine
     from engines.reference import ReferenceEngine
-    from evalsuite.registry import load_model, smollm2_path
+    from evalsuite.models import load_model, smollm2_path
     from tests.engines.reference.test_smollm2_independent import _numpy_logits, _numpy_model
 
     m = load_model("smollm2-135m")

@@ -105,7 +105,7 @@ def main() -> None:
     from evalsuite.bench.data import resolve
     from evalsuite.bench.run import LM_EVAL_RANDOM_SEED, LM_EVAL_SEED, resolve_tasks
     from evalsuite.errors import SpecError
-    from evalsuite.registry import smollm2_path
+    from evalsuite.models import smollm2_path
     from evalsuite.versions import versions
 
     if not HF_PY.exists():

@@ -16,8 +16,8 @@ import numpy as np
 
 from engines.reference import ReferenceEngine
 from evalsuite.compare import metrics
+from evalsuite.models import load_model
 from evalsuite.prompts import load_prompts
-from evalsuite.registry import load_model
 
 
 def main(argv=None) -> None:

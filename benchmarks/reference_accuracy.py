@@ -23,7 +23,7 @@ from pathlib import Path
 from evalsuite.bench import stats
 from evalsuite.bench.data import check_rows, load_rows, resolve
 from evalsuite.bench.run import DEFAULT_VARIANT, LM_EVAL_SEED, RunSpec, resolve_tasks, run_engine
-from evalsuite.registry import load_model
+from evalsuite.models import load_model
 from evalsuite.versions import versions
 
 

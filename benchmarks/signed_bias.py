@@ -35,8 +35,8 @@ def main(argv=None) -> int:
     from engines.megakernel import MegakernelEngine
     from engines.reference import ReferenceEngine
     from evalsuite.compare import metrics
+    from evalsuite.models import load_model
     from evalsuite.prompts import load_prompts
-    from evalsuite.registry import load_model
 
     m = load_model(a.model)
     ps = [p.encode(m.tokenizer) for p in load_prompts(a.prompts).prompts]

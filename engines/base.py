@@ -312,7 +312,7 @@ class Engine(abc.ABC):
     @classmethod
     @abc.abstractmethod
     def create(cls, model, options: EngineOptions) -> Engine:
-        """Build the engine for a loaded model (evalsuite.registry.Model: name, weights, tokenizer, config)."""
+        """Build the engine for a loaded model (evalsuite.models.Model: name, weights, tokenizer, config)."""
 
     @property
     @abc.abstractmethod

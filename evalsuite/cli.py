@@ -107,7 +107,7 @@ def main(ctx, mesh, num_processes, process_id, coordinator) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per model.")
 def models(as_json: bool) -> None:
     """List the registered models (loads each to report parameters and weight sha256)."""
-    from evalsuite.registry import describe
+    from evalsuite.models import describe
     from evalsuite.report import models_text
 
     rows = describe()
@@ -118,7 +118,7 @@ def models(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON list.")
 def engines_cmd(as_json: bool) -> None:
     """List the installed engines (entry-point group evalsuite.engines): built-in and plugins."""
-    from evalsuite.engines import describe
+    from evalsuite.plugins import describe
     from evalsuite.report import engines_text
 
     rows = describe()

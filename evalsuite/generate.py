@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from evalsuite.engines import make_engine
-from evalsuite.registry import load_model
+from evalsuite.models import load_model
+from evalsuite.plugins import make_engine
 from evalsuite.versions import versions
 
 

@@ -21,8 +21,8 @@ from evalsuite.compare import rule
 from evalsuite.compare.routing import routing_margins, routing_ties
 from evalsuite.compare.rule import Tolerances, compare_prompt
 from evalsuite.errors import SpecError
+from evalsuite.models import load_model
 from evalsuite.prompts import load_prompts
-from evalsuite.registry import load_model
 from evalsuite.results import GoldenResult
 from evalsuite.versions import versions
 
@@ -61,7 +61,7 @@ def fitting(model, pset, n: int) -> list:
 
 
 def update(model_name: str, directory: Path | None = None) -> Path:
-    from evalsuite.engines import judge
+    from evalsuite.plugins import judge
 
     set_name, n = _settings(model_name)
     model = load_model(model_name)
@@ -157,7 +157,7 @@ def _bf16_checks(model, caps, prompts, conts, judges, forced, recs, tol) -> tupl
     error under the drift bound: it let final_norm_eps PASS mini-llama's golden file), and on MoE models the
     routing near-ties, not judged (without it the reference's own bf16 recipe failed mini-moe's and mini-gptoss's
     golden files at 3/264 positions each)."""
-    from evalsuite.engines import judge
+    from evalsuite.plugins import judge
 
     recipe = judge(model, "bfloat16")
     own = recipe.forced_topk(prompts, conts, TOP_K, want_logits=caps.logits)
@@ -207,7 +207,7 @@ def check(model_name: str, engine_name: str = "reference", dtype: str = "float32
           directory: Path | None = None, remote=None, extra: dict | None = None) -> GoldenResult:
     """Any engine teacher-forced along the golden tokens and judged by the one comparator (evalsuite/compare/rule.py):
     the golden file is the judge's record (top-k), the engine gives full logits where it has them, else its top-k."""
-    from evalsuite.engines import make_engine
+    from evalsuite.plugins import make_engine
 
     try:
         model, path, kept, want_ids, entries = _pinned(model_name, directory)

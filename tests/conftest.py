@@ -35,7 +35,7 @@ def pytest_addoption(parser):
 
 @pytest.fixture(scope="session")
 def smollm2():
-    from evalsuite.registry import load_model
+    from evalsuite.models import load_model
 
     return load_model("smollm2-135m")
 
@@ -49,13 +49,13 @@ def smollm2_ref(smollm2):
 
 @pytest.fixture(scope="session")
 def mini_llama():
-    from evalsuite.registry import load_model
+    from evalsuite.models import load_model
 
     return load_model("mini-llama")
 
 
 @pytest.fixture(scope="session")
 def mini_moe():
-    from evalsuite.registry import load_model
+    from evalsuite.models import load_model
 
     return load_model("mini-moe")

@@ -75,7 +75,7 @@ def test_corrupt_weight_file(tmp_path):
 
 @pytest.mark.slow
 def test_sha256_mismatch(tmp_path):
-    from evalsuite.registry import smollm2_path
+    from evalsuite.models import smollm2_path
 
     copy = tmp_path / "smollm2.gguf"
     shutil.copy(smollm2_path(), copy)

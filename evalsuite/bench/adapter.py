@@ -53,8 +53,8 @@ class EngineLM(TemplateLM):
         self.live = None  # the progress bar's running tally (bench.live), kept for the result file
         self._ll_docs = None  # per loglikelihood request (doc, doc id, choice index, choices), for the tally
         self.progress = progress
-        from evalsuite.engines import make_engine
-        from evalsuite.registry import load_model
+        from evalsuite.models import load_model
+        from evalsuite.plugins import make_engine
 
         self.model = load_model(model)
         if self.model.tokenizer is None:
@@ -312,7 +312,7 @@ register_model("evalsuite")(EngineLM)  # --model_args engine=NAME,...
 
 def _register_all() -> None:
     """evalsuite-NAME for every installed engine (plugins included)."""
-    from evalsuite.engines import names
+    from evalsuite.plugins import names
 
     for name in names():
         cls = type(f"EngineLM_{name.replace('-', '_')}", (EngineLM,), {"engine_name": name})

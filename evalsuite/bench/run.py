@@ -298,7 +298,7 @@ def assemble(spec: RunSpec, engines: dict[str, dict], context: dict, seconds: fl
 
 
 def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: None) -> RunResult:
-    from evalsuite.registry import load_model
+    from evalsuite.models import load_model
 
     t0 = time.time()
     out = Path(spec.output)
@@ -311,7 +311,7 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     tasks_dir = resolve_tasks(spec.task, src, out)
     model = load_model(spec.model)
     # the engine under test is built (a server probed) first: what it cannot do is refused before any work
-    from evalsuite.engines import make_engine
+    from evalsuite.plugins import make_engine
 
     variant = spec.variant or DEFAULT_VARIANT[spec.task]
     built = make_engine(spec.engine, model, spec.dtype, spec.fault, spec.remote, dict(spec.engine_options))

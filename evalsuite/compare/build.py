@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from engines.errors import ModelError
-from evalsuite.engines import engine_class
 from evalsuite.errors import SpecError
+from evalsuite.plugins import engine_class
 from evalsuite.results import DiffResult
 
 WHAT = "the engine's float32 build (the same prompts, float32 bounds)"

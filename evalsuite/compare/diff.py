@@ -38,10 +38,10 @@ from evalsuite.compare import (
     text,
     witness,
 )
-from evalsuite.engines import judge, make_engine
 from evalsuite.errors import SpecError
+from evalsuite.models import load_model
+from evalsuite.plugins import judge, make_engine
 from evalsuite.prompts import load_prompts
-from evalsuite.registry import load_model
 from evalsuite.results import DiffResult
 from evalsuite.versions import versions
 

@@ -63,7 +63,7 @@ def _recipe_error(logits, rg) -> tuple[np.ndarray, np.ndarray]:
 
 class OrderSpread:
     """The bf16 recipe in other reduction orders: build(seed) gives the reference's recipe on
-    engines.weights.permuted(weights, seed) (evalsuite.engines.judge), one at a time, for a teacher-forced full
+    engines.weights.permuted(weights, seed) (evalsuite.plugins.judge), one at a time, for a teacher-forced full
     forward (Engine.score); run on at most ORDER_PROMPTS prompts of a run. weight_bytes: the model's; when the
     orders together take at most ORDER_KEEP_BYTES, each is built once and kept for the run, else dropped after
     its pass and built again for the next prompt."""

@@ -293,9 +293,9 @@ def serve(engine_name: str, model_name: str, dtype: str, fault: str | None, host
           served_name: str | None = None) -> None:
     import uvicorn
 
-    from evalsuite.engines import engine_class, make_engine
     from evalsuite.errors import SpecError
-    from evalsuite.registry import load_model
+    from evalsuite.models import load_model
+    from evalsuite.plugins import engine_class, make_engine
 
     if engine_class(engine_name).takes_remote:
         raise SpecError(f"serve: --engine {engine_name} is itself a server client; pick an in-process engine")

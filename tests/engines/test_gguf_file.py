@@ -14,7 +14,7 @@ from engines.gguf_file import GGUFFile
 def test_same_fields_and_tensors_as_the_gguf_package():
     import gguf
 
-    from evalsuite.registry import smollm2_path
+    from evalsuite.models import smollm2_path
 
     path = smollm2_path()
     ours, theirs = GGUFFile(path), gguf.GGUFReader(str(path))

@@ -78,7 +78,7 @@ SEQ = [5, 77, 130, 9, 250, 33, 18, 200, 61, 4, 99]
 
 @pytest.mark.parametrize("name,model_type", [("mini-llama", "llama"), ("mini-moe", "deepseek_v3")])
 def test_checkpoint_round_trip_gives_same_logits(tmp_path, name, model_type):
-    from evalsuite.registry import load_model
+    from evalsuite.models import load_model
 
     orig = load_model(name).weights
     write_checkpoint(orig, tmp_path / name, model_type)
@@ -117,7 +117,7 @@ def test_unsupported_architecture_and_mla(tmp_path):
 
 
 def test_corrupt_safetensors(tmp_path):
-    from evalsuite.registry import load_model
+    from evalsuite.models import load_model
 
     write_checkpoint(load_model("mini-llama").weights, tmp_path / "c", "llama")
     f = tmp_path / "c" / "model.safetensors"

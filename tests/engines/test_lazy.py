@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from engines.hf_loader import load_hf
-from evalsuite.registry import minis_dir
+from evalsuite.models import minis_dir
 
 
 @pytest.mark.parametrize("name", ["mini-qwen2", "mini-gemma3", "mini-gptoss"])

@@ -31,7 +31,7 @@ def _shared_prompts(vocab: int, seed: int, n: int, prefix_len: int) -> list[list
 def test_shared_prefix_matches_separate_prefill(engine, model, request):
     """Both engines prefill a prefix every prompt shares once (lm-eval's fixed exemplars); each row's
     tokens and top logprobs are those of the prompt prefilled alone."""
-    from evalsuite.engines import make_engine
+    from evalsuite.plugins import make_engine
 
     m = request.getfixturevalue(model)
     eng = make_engine(engine, m, "float32", None)
@@ -72,7 +72,7 @@ def test_shared_prefix_smollm2_fewshot(smollm2, smollm2_ref):
 def test_stop_check_ends_rows_early(mini_llama, engine):
     """A stop_check (the adapter's stop strings) ends each row where it first holds; the tokens
     up to there are those of the unstopped run."""
-    from evalsuite.engines import make_engine
+    from evalsuite.plugins import make_engine
 
     eng = make_engine(engine, mini_llama, "float32", None)
     prompts = _shared_prompts(mini_llama.config.vocab_size, seed=9, n=3, prefix_len=4)
@@ -88,7 +88,7 @@ def test_stop_check_ends_rows_early(mini_llama, engine):
 def test_finished_rows_leave_the_batch(mini_llama, engine):
     """Rows ending at different steps (so the batch shrinks 8 -> 4 -> 2 -> 1) give the tokens each
     prompt gives alone."""
-    from evalsuite.engines import make_engine
+    from evalsuite.plugins import make_engine
 
     eng = make_engine(engine, mini_llama, "float32", None)
     prompts = _shared_prompts(mini_llama.config.vocab_size, seed=11, n=8, prefix_len=3)
@@ -143,7 +143,7 @@ def test_shared_context_is_prefilled_once(mini_llama, engine):
     """Loglikelihood rows with the same context (one per multiple-choice answer) prefill it once and copy
     the cache row; every row's logits are those of prefilling every row (same math per row)."""
     from engines.loop import forced_all
-    from evalsuite.engines import make_engine
+    from evalsuite.plugins import make_engine
 
     eng = make_engine(engine, mini_llama, "float32", None)
     rng = np.random.default_rng(3)
@@ -168,7 +168,7 @@ def test_continuous_batching_matches_each_prompt_alone(mini_llama, engine, prefi
     tokens and top logprobs are those it gets alone, and on_result reports each prompt once, as it finishes."""
     from engines.base import PathLog
     from engines.loop import greedy_all
-    from evalsuite.engines import make_engine
+    from evalsuite.plugins import make_engine
 
     eng = make_engine(engine, mini_llama, "float32", None)
     rows = eng.max_batch

@@ -14,7 +14,7 @@ from engines.errors import ModelError, UnsupportedModel
 from engines.hf_loader import load_hf
 from engines.megakernel import MegakernelEngine
 from engines.reference import ReferenceEngine
-from evalsuite.registry import minis_dir
+from evalsuite.models import minis_dir
 
 ORACLES = sorted((Path(__file__).parent / "oracle").glob("*.json"))
 # The bound for float32 against transformers in float32. Measured (2026-12-01, 5 prompts of 5-70 tokens x

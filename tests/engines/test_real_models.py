@@ -18,7 +18,7 @@ REAL_TOL = 1e-4
 
 
 def _model(name: str):
-    from evalsuite.registry import load_model
+    from evalsuite.models import load_model
 
     try:
         return load_model(name)

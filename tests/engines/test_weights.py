@@ -36,11 +36,11 @@ def test_the_permutation_is_seeded_and_keeps_provenance(mini_moe):
 
 
 def test_a_permuted_judge_past_the_host_bound_is_refused_in_one_line(mini_llama, monkeypatch):
-    """evalsuite.engines.judge(order_seed=...): a whole permuted float32 copy is held on the host, so past the float64
+    """evalsuite.plugins.judge(order_seed=...): a whole permuted float32 copy is held on the host, so past the float64
     witness's bound it is refused (the bf16 witness then leaves the flags standing and says why)."""
     import engines.reference.engine as ref_engine
     from engines.errors import ModelError
-    from evalsuite.engines import judge
+    from evalsuite.plugins import judge
 
     assert judge(mini_llama, "bfloat16", order_seed=1).dtype == "bfloat16"
     monkeypatch.setattr(ref_engine, "WITNESS_MAX_BYTES", 0)

@@ -91,7 +91,7 @@ def test_broken_plugins_get_one_line_errors(tmp_path):
 
 @pytest.mark.parametrize("fault,verdict", [(None, "PASS"), ("stale_feedback", "FAIL"), ("no_forced", "INCONCLUSIVE")])
 def test_serve_self_check_uses_the_comparator(mini_llama, fault, verdict):
-    from evalsuite.engines import make_engine
+    from evalsuite.plugins import make_engine
     from evalsuite.serve.worker import self_check
 
     if fault == "no_forced":  # an engine that cannot be teacher-forced: nothing to check against

@@ -140,7 +140,7 @@ class QuirkServer:
     def __init__(self, model, quirks=(), engine: str = "reference", dtype: str = "float32", fault: str | None = None):
         import uvicorn
 
-        from evalsuite.engines import make_engine
+        from evalsuite.plugins import make_engine
         from evalsuite.serve import build_app
 
         eng = make_engine(engine, model, dtype, fault)

@@ -23,7 +23,7 @@ def _sequences(vocab: int, lengths: list[int], seed: int) -> list[list[int]]:
 @pytest.mark.parametrize("model_name", ["mini-llama", "mini-moe",
                                         pytest.param("smollm2-135m", marks=pytest.mark.slow)])
 def test_incremental_equals_full_forward(model_name, batch_lengths, request):
-    from evalsuite.registry import load_model
+    from evalsuite.models import load_model
 
     m = load_model(model_name)
     eng = ReferenceEngine(m.weights) if model_name != "smollm2-135m" else request.getfixturevalue(

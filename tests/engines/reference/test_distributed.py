@@ -11,7 +11,7 @@ import sys
 
 from engines.reference.sharding import SPECS
 from evalsuite.compare.rule import LOGPROB_TOL
-from evalsuite.registry import load_model
+from evalsuite.models import load_model
 
 # Two processes vs one, float32: max |Δ top-5 logprob| 3.3e-6 on mini-llama and 3.8e-6 on mini-qwen2, tp=2 (12
 # tokens, 2026-12-01): the split matmuls reorder float32 sums, as on one host's virtual devices (test_sharding).

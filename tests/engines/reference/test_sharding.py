@@ -22,7 +22,7 @@ SHARD_TOL = LOGPROB_TOL["float32"]
 SCRIPT = r"""
 import json, sys
 import numpy as np
-from evalsuite.registry import load_model
+from evalsuite.models import load_model
 from engines.reference import ReferenceEngine
 name, mesh = sys.argv[1], sys.argv[2]
 w = load_model(name).weights
@@ -72,7 +72,7 @@ def test_sharded_reference_equals_one_device(name, mesh, tp, ep):
 ERRORS = r"""
 import json
 from engines.errors import ModelError
-from evalsuite.registry import load_model
+from evalsuite.models import load_model
 from engines.reference import ReferenceEngine
 w = load_model("mini-llama").weights
 out = []

@@ -87,7 +87,7 @@ def _numpy_top5(t, m, prompt, continuation):
 
 
 def test_reference_matches_numpy_transcription(smollm2, smollm2_ref):
-    from evalsuite.registry import smollm2_path
+    from evalsuite.models import smollm2_path
 
     t, m = _numpy_model(smollm2_path())
     tok = smollm2.tokenizer

@@ -91,7 +91,7 @@ def test_an_engine_that_runs_past_the_references_end_is_real():
 @pytest.fixture(scope="module")
 def workload(mini_llama):
     """quick's prompts through the reference (8 tokens, full logits): what diff's main part leaves behind."""
-    from evalsuite.engines import judge
+    from evalsuite.plugins import judge
     from evalsuite.prompts import load_prompts
 
     pset = load_prompts("quick")
@@ -105,7 +105,7 @@ def workload(mini_llama):
 def test_batching_part_catches_what_fixed_batches_cannot(mini_llama, workload, fault):
     """The loop faults leave every fixed batch of diff's main part right (one prefill, one budget, no stop); the
     batching part FAILs them, and passes the faithful engine with every declared path driven."""
-    from evalsuite.engines import make_engine
+    from evalsuite.plugins import make_engine
 
     ids, prompts, tracks, refs = workload
     eng = make_engine("megakernel", mini_llama, "float32", fault)

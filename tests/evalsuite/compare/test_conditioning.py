@@ -99,7 +99,7 @@ def test_the_false_alarm_found_in_the_1000_prompts_is_cleared(smollm2, tmp_path)
     that a flag there is cleared, and that the position is still ill-conditioned."""
     from benchmarks.make_prompts import make
     from evalsuite.compare.witness import judge_error
-    from evalsuite.engines import judge
+    from evalsuite.plugins import judge
     from evalsuite.prompts import Prompt
 
     row = make(171, 0)[170]

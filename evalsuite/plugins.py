@@ -12,7 +12,7 @@ from importlib.metadata import EntryPoint, entry_points
 from engines.base import Engine, EngineOptions
 from engines.errors import ModelError
 from evalsuite.distributed import default_mesh
-from evalsuite.registry import Model
+from evalsuite.models import Model
 
 GROUP = "evalsuite.engines"
 
