@@ -79,7 +79,7 @@ def _start(name: str, log: Path) -> tuple[subprocess.Popen, str]:
 
 def _probe(url: str) -> dict:
     code = ("import json,sys; from engines.openai.client import OpenAIEngine, Remote; "
-            "from evalsuite.registry import load_model; m = load_model('smollm2-135m'); "
+            "from evalsuite.models import load_model; m = load_model('smollm2-135m'); "
             "e = OpenAIEngine(Remote(sys.argv[1]), m.config, m.tokenizer); print(json.dumps(e.capabilities.report()))")
     p = subprocess.run([str(PY), "-c", code, url], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, **OFFLINE}, timeout=600)

@@ -107,8 +107,9 @@ class _Run:
     orders: object | None  # bf16: witness.OrderSpread
     eng: object
     tol: rule.Tolerances
-    not_checked: list = field(default_factory=list)  # said, blocks nothing
-    blocking: list = field(default_factory=list)  # no PASS without it
+    # the result's two lists, named as in its JSON
+    not_checked: list = field(default_factory=list)  # no PASS without it
+    checks_not_possible: list = field(default_factory=list)  # said, blocks nothing
     per_prompt: list = field(default_factory=list)
     tracks: dict = field(default_factory=dict)  # prompt index -> the reference's Forced record (full logits)
     ref_tokens: dict = field(default_factory=dict)  # prompt index -> the reference's greedy tokens
@@ -156,16 +157,16 @@ def _setup(spec: DiffSpec) -> _Run:
     run = _Run(spec, model, pset, encoded, skipped, ref, recipe, orders, eng,
                rule.Tolerances.for_dtype(spec.dtype, spec.noise_tol))
     caps = run.caps
-    # what this engine cannot show is said ("not checked"); what blocks a PASS is listed apart
-    run.not_checked = ([LACKS_LOGITS] if not caps.logits else []) + ([LACKS_TAPS] if not caps.taps else []) + list(
-        caps.notes)
+    # what this engine cannot show is said (checks_not_possible); what blocks a PASS is listed apart (not_checked)
+    run.checks_not_possible = (([LACKS_LOGITS] if not caps.logits else []) + ([LACKS_TAPS] if not caps.taps else [])
+                               + list(caps.notes))
     if not caps.forced:
-        run.not_checked.append("teacher-forced comparison after the first divergence (" + caps.forced_refusal
-                               + "): only the free-running tokens up to it are compared")
-    run.blocking = caps.not_checked(uses_forced=caps.forced)
+        run.checks_not_possible.append("teacher-forced comparison after the first divergence (" + caps.forced_refusal
+                                       + "): only the free-running tokens up to it are compared")
+    run.not_checked = caps.not_checked(uses_forced=caps.forced)
     if not (caps.gen_logprobs or caps.forced):
-        run.blocking.append("logprobs: the engine returns none (generated or teacher-forced), so only token identity "
-                            "is compared")
+        run.not_checked.append("logprobs: the engine returns none (generated or teacher-forced), so only token "
+                               "identity is compared")
     return run
 
 
@@ -203,7 +204,7 @@ def _main_group(run: _Run, idx: list[int]) -> None:
     for i, rg, eg, fo, rl, how in zip(idx, rgen, egen, forced, rec, text_only):
         pid = run.encoded[i][0].id
         if how == "unresolved":  # the server's text differs and its ids cannot be recovered: not judged
-            run.blocking.append(f"prompt {pid}: the server returned no token ids and its text is not "
+            run.not_checked.append(f"prompt {pid}: the server returned no token ids and its text is not "
                                 "valid UTF-8, so where it differs from the reference's cannot be located in tokens")
             eg = rg  # placeholder so the record's shape holds; counted as not checked above
         track = rg.track()
@@ -217,7 +218,7 @@ def _main_group(run: _Run, idx: list[int]) -> None:
         if how is not None:
             rec["compared_as"] = how
         if how == "text" and np.isnan(np.asarray(eg.top_logprobs, float)).all():
-            run.blocking.append(f"prompt {pid}: matched as text only; the server's logprobs for it do "
+            run.not_checked.append(f"prompt {pid}: matched as text only; the server's logprobs for it do "
                                 "not line up with the reference's tokens, so none were compared")
         if rl is not None and caps.logits and fo is not None:  # the bf16 logit-scale check (rule.SCALE)
             run.slopes[i] = (rule.logit_slope(rg.logits, fo.logits), rule.logit_slope(rg.logits, rl.logits))
@@ -255,9 +256,9 @@ def _batching_part(run: _Run, progress: Callable[[str], None]) -> dict:
     for row in rec["per_prompt"]:
         _texts(tok, row.get("first_divergence"))
         if row.get("routing_note"):  # real positions at routing near-ties: not judged, so no PASS on them
-            run.blocking.append(f"batching part, prompt {row['id']}: {row['routing_note']}")
+            run.not_checked.append(f"batching part, prompt {row['id']}: {row['routing_note']}")
     if rec["unresolved"]:
-        run.blocking.append(f"batching part: {len(rec['unresolved'])} prompts came back as text that is not valid "
+        run.not_checked.append(f"batching part: {len(rec['unresolved'])} prompts came back as text that is not valid "
                             "UTF-8 and differs from the reference's: not judged")
     return {"run": True, **rec}
 
@@ -272,16 +273,16 @@ def _diff_one(spec: DiffSpec, progress: Callable[[str], None]) -> DiffResult:
         part = _batching_part(run, progress) if spec.batching else {
             "run": False, "why": "turned off (--no-batching): no refill, shrink, stop or split prefill was driven"}
     paths = coverage.report(run.eng)
-    (run.not_checked if spec.main_only else run.blocking).extend(coverage.blocking(paths))
+    (run.checks_not_possible if spec.main_only else run.not_checked).extend(coverage.blocking(paths))
     if not paths["reported"]:
-        run.not_checked.append(paths["why"])
+        run.checks_not_possible.append(paths["why"])
     if not spec.batching and not spec.main_only:
-        run.blocking.append(f"batching part: {part['why']}")
+        run.not_checked.append(f"batching part: {part['why']}")
     own = recipe_check.check(run.eng, run.model, [(p.id, ids) for p, ids in run.encoded],
                              [run.ref_tokens[i] for i in range(len(run.encoded))], run.recipe, run.orders,
                              spec.max_new_tokens, progress) if spec.dtype != "float32" else None
     if own is not None:
-        (run.blocking if own.get("blocks") else run.not_checked).extend(own.get("notes", []))
+        (run.not_checked if own.get("blocks") else run.checks_not_possible).extend(own.get("notes", []))
     return _verdict(run, part, paths, own, t0, progress)
 
 
@@ -290,15 +291,15 @@ def _drift_and_scale(run: _Run) -> tuple[dict, dict, dict | None]:
     spec, caps = run.spec, run.caps
     routed = run.recipe is not None and run.model.config.n_moe_layers > 0
     ties = routing.routing_ties(run.per_prompt, run.margins, witness=run.recipe_real) if routed else None
-    run.blocking.extend(w["note"] for w in run.witnessed if not w["run"])
+    run.not_checked.extend(w["note"] for w in run.witnessed if not w["run"])
     if ties and ties["positions_not_judged"]:
-        run.blocking.append(ties["note"])
+        run.not_checked.append(ties["note"])
     # drift over every position, routing near-ties included: the engine and the recipe both flip experts at
     # near-ties, so their mean divergences compare like with like (docs/calibration.md, "bf16 drift")
     drift = rule.drift_check([v for _, v in sorted(run.drift_e.items())], [v for _, v in sorted(run.drift_r.items())],
                              spec.dtype)
     if spec.dtype != "float32" and not drift["checked"]:
-        run.not_checked.append(drift["why"])
+        run.checks_not_possible.append(drift["why"])
     slopes = run.slopes
     scale = rule.scale_check([slopes[i][0] for i in sorted(slopes)], [slopes[i][1] for i in sorted(slopes)],
                              spec.dtype) if caps.logits or spec.dtype == "float32" else {
@@ -306,7 +307,7 @@ def _drift_and_scale(run: _Run) -> tuple[dict, dict, dict | None]:
                                  "signed |Δlogprob| of one token is too noisy to stand in (measured on mini-llama); "
                                  "run the engine in-process (a plugin) or diff it in float32"}
     if spec.dtype != "float32" and not scale["checked"]:  # a PASS rests on it (what the drift check cannot see)
-        run.blocking.append(scale["why"])
+        run.not_checked.append(scale["why"])
     return drift, scale, ties
 
 
@@ -320,7 +321,7 @@ def _invariance(run: _Run, progress: Callable[[str], None]) -> tuple[dict, dict 
         strict = invariance.strict_batch_invariance(
             run.eng, [(p.id, ids) for p, ids in encoded[:invariance.STRICT_INVARIANCE_PROMPTS]], N, spec.seed)
         if strict["batch_sizes"] == [1]:
-            run.blocking.append("batch invariance: required, but only one prompt fits, so no batch could be formed")
+            run.not_checked.append("batch invariance: required, but only one prompt fits, so no batch could be formed")
     return measured, strict
 
 
@@ -337,12 +338,12 @@ def _verdict(run: _Run, part: dict, paths: dict, own: dict | None, t0: float,
         or (drift["checked"] and not drift["ok"]) or (scale["checked"] and not scale["ok"]) \
         or (strict is not None and not strict["ok"]) or (own is not None and own.get("ok") is False)
     unchecked_drift = spec.dtype != "float32" and not drift["checked"]
-    verdict = "FAIL" if failed else "INCONCLUSIVE" if unchecked_drift or run.blocking else "PASS"
+    verdict = "FAIL" if failed else "INCONCLUSIVE" if unchecked_drift or run.not_checked else "PASS"
     out = {"verdict": verdict, **_figures(run, real, benign), "bf16_drift": drift, "bf16_logit_scale": scale,
            "bf16_recipe": own,
            "routing": None if ties is None else {k: v for k, v in ties.items() if k != "tied"},
            "conditioning_witness": witness.summary(run.witnessed, spec.dtype),
-           "checks_not_possible": run.not_checked, "not_checked": run.blocking,
+           "checks_not_possible": run.checks_not_possible, "not_checked": run.not_checked,
            "engine_capabilities": caps.report(), "batching": part, "paths": paths, "bisection": bisection,
            "batch_invariance": measured, "batch_invariance_required": strict, "per_prompt": per_prompt,
            "seed": None, "seed_note": "greedy decoding: no random choice is made",
