@@ -38,10 +38,10 @@ from engines.loop import (
 )
 from engines.megakernel import ops
 from engines.megakernel.faults import (
+    ALL_FAULTS,
     BY_NAME,
     FAULTS,
     FINAL_NORM_EPS_FAULT,
-    HEAD_FAULTS,
     LOOP_FAULTS,
     ROPE_THETA_FAULT,
 )
@@ -53,7 +53,7 @@ F32 = jnp.float32
 MAX_BATCH = 8  # the kernel's rows per call (each row at its own position)
 ATTN_TILE = 128  # cache positions per online-softmax step (or all slots when fewer)
 INTERPRET_MODES = ("generic", "tpu")
-ENGINE_FAULTS = FAULTS + HEAD_FAULTS + LOOP_FAULTS  # the catalogue: engines/megakernel/faults.py
+ENGINE_FAULTS = ALL_FAULTS  # the catalogue: engines/megakernel/faults.py
 KEEP_F32 = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "router", "router_bias")  # tiny, precision-critical
 # bfloat16 mode as declared to the judge: bf16 matrices and matmul inputs, f32 accumulation, and the router, the
 # residual stream and the KV cache in float32 (the norms and the router bias are float32 in every recipe)

@@ -17,6 +17,8 @@ class Fault:
     what: str  # what the faulted engine does
     stands_for: str  # the real bug
     needs: str = ""  # "" (any model, any prompt), "moe", "batch" (rows at different positions), "tiles" (>128 ctx)
+    where: str = "kernel"  # "kernel" (KernelSpec.fault), "loop" (the host loop, cache bookkeeping, prefix cache),
+    # "head" (the decode and prefill heads' reported top-k)
 
 
 CATALOGUE = tuple(Fault(*f) for f in (
@@ -64,17 +66,17 @@ CATALOGUE = tuple(Fault(*f) for f in (
      "forbid); differs from batch 1 only in the last bits", "batch"),
     ("stale_feedback", "from the second decode step on, each row is fed the token sampled one step earlier",
      "a host generation loop that reads the previous step's output buffer (generate() only: teacher-forced "
-     "paths feed given tokens)"),
+     "paths feed given tokens)", "", "loop"),
     ("refill_wrong_row", "rows refilled into a live batch two or more at once each get the cache of the next "
      "prompt of their prefill call",
      "a scatter of freshly prefilled rows indexed by the wrong list (continuous batching; one refilled row at a "
-     "time, or the first admission, is right)", "refill"),
+     "time, or the first admission, is right)", "refill", "loop"),
     ("shrink_wrong_rows", "when the batch shrinks, the cache keeps its first rows instead of the live ones",
      "a shrink that slices the first B rows where it must gather the live ones (right whenever the live rows "
-     "happen to be the first)", "shrink"),
+     "happen to be the first)", "shrink", "loop"),
     ("prefix_padded", "a prompt prefix every row shares is kept at its padded (power-of-two) length",
      "a cached prefix sliced to its bucket instead of its length: the rows' own tokens land at shifted "
-     "positions (invisible when the prefix length is a power of two)", "prefix"),
+     "positions (invisible when the prefix length is a power of two)", "prefix", "loop"),
     ("mm_bf16_out", "the attention output projection's matmul result is left in the weights' dtype",
      "a matmul without an f32 accumulation/output type (a no-op in float32; one extra rounding in bf16)", "bf16"),
     ("kv_bf16_slot", "the decode step's new K/V slot is rounded to the weights' dtype before it is written",
@@ -83,18 +85,18 @@ CATALOGUE = tuple(Fault(*f) for f in (
     ("pos_weights_dtype", "the decode step's RoPE position is rounded to the weights' dtype",
      "a position vector cast with the activations (bf16 holds integers exactly only up to 256)", "bf16 long"),
     ("topk_renormalized", "the reported top-k logprobs are renormalised over the k ids",
-     "a server that returns top-k log-softmax over the top-k instead of the vocabulary (generate() only)"),
+     "a server that returns top-k log-softmax over the top-k instead of the vocabulary (generate() only)", "",
+     "head"),
     ("topk_ids_swapped", "ranks 2 and 3 of the reported top-k carry each other's ids",
      "top-k ids and values gathered through two different sorts (generate() only: the token and rank 1 are "
-     "right)"),
+     "right)", "", "head"),
 ))
 
 BY_NAME = {f.name: f for f in CATALOGUE}
-# outside the kernel: the host generation loop, the engine's cache bookkeeping, its prefix cache
-LOOP_FAULTS = ("stale_feedback", "refill_wrong_row", "shrink_wrong_rows", "prefix_padded")
-HEAD_FAULTS = ("topk_renormalized", "topk_ids_swapped")  # the decode and prefill heads' reported top-k
-KERNEL_FAULTS = tuple(f.name for f in CATALOGUE if f.name not in LOOP_FAULTS + HEAD_FAULTS)
-FAULTS = KERNEL_FAULTS  # the names KernelSpec.fault takes
+FAULTS = tuple(f.name for f in CATALOGUE if f.where == "kernel")  # the names KernelSpec.fault takes
+LOOP_FAULTS = tuple(f.name for f in CATALOGUE if f.where == "loop")
+HEAD_FAULTS = tuple(f.name for f in CATALOGUE if f.where == "head")
+ALL_FAULTS = tuple(f.name for f in CATALOGUE)  # the catalogue's order
 NORM_EPS_FAULT = 1e-6  # norm_eps: the epsilon a kernel hard-codes (Llama 2's)
 FINAL_NORM_EPS_FAULT = 1e-2  # final_norm_eps
 ROPE_THETA_FAULT = 1.01  # rope_theta: the factor on the base
