@@ -11,6 +11,7 @@ decode(ids [B], positions [B], state, k, want_logits).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -119,16 +120,28 @@ def _log_finished(log: PathLog | None, finished: int, stopped: int, live_after: 
             log.hit("finish_mid_batch", finished)
 
 
-def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,
-                 stop: set[int], k: int, want_logits: bool, extend: Callable | None = None,
-                 prefix_len: int = 0, stop_check: Callable | None = None,
-                 shrink: Callable | None = None, log: PathLog | None = None) -> list[Generation]:
+@dataclass(frozen=True)
+class Steps:
+    """An engine's stepped programs, the one bundle the generation loops drive (greedy_all, forced_all,
+    engines.stream.greedy_stream). Each returns (next ids, top-k ids, top-k logprobs, logits or None, cache)."""
+
+    prefill: Callable  # (tokens [B, T], lengths, slots, k, want_logits): a fresh cache of B rows
+    decode: Callable  # (ids [B], positions [B], cache, k, want_logits): one step of every row
+    extend: Callable | None = None  # (prefix ids, suffix tokens, lengths, slots, k, want_logits): rows after a
+    #                                 prefix they share, its K/V computed once by the engine
+    insert: Callable | None = None  # (cache, rows' cache, where, src, batch, slots): continuous batching's refill
+    shrink: Callable | None = None  # (cache, keep): only these rows, in this order
+
+
+def greedy_batch(steps: Steps, prompts: Sequence[Sequence[int]], max_new: int, stop: set[int], k: int,
+                 want_logits: bool, prefix_len: int = 0, stop_check: Callable | None = None,
+                 log: PathLog | None = None) -> list[Generation]:
     """Greedy decode of one batch. With extend and prefix_len > 0 (the prompts' shared prefix), only
     each row's own suffix is prefilled: extend(prefix, suffix tokens, suffix lengths, slots, k,
     want_logits) starts from the prefix's cached K/V (computed once by the engine).
     With shrink(state, keep) (the engine's gather of cache rows), the batch halves whenever at most
     half its rows are still generating, so one long answer does not keep 31 finished rows busy."""
-    n = len(prompts)
+    n, prefill, decode, extend, shrink = len(prompts), steps.prefill, steps.decode, steps.extend, steps.shrink
     if extend is not None and prefix_len > 0:
         P = prefix_len
         tokens, lengths, _ = pad([p[P:] for p in prompts], max_new)
@@ -180,13 +193,12 @@ def greedy_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence
             for r in range(n)]
 
 
-def forced_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]],
-                 continuations: Sequence[Sequence[int]], shrink: Callable | None = None,
+def forced_batch(steps: Steps, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
                  log: PathLog | None = None) -> list[np.ndarray]:
     """Per row logits [N, V]: row j predicts continuation[j] from prompt + continuation[:j].
     With shrink(state, keep) (the engine's gather of cache rows), a prompt that several rows share (a
     multiple-choice question's context, once per choice) is prefilled once and its cache row copied."""
-    n = len(prompts)
+    n, prefill, decode, shrink = len(prompts), steps.prefill, steps.decode, steps.shrink
     n_max = max(len(x) for x in continuations)
     if log is not None:
         log.hit("teacher_forced")
@@ -212,10 +224,8 @@ def forced_batch(prefill: Callable, decode: Callable, prompts: Sequence[Sequence
     return [stacked[r, :len(continuations[r])] for r in range(n)]
 
 
-def greedy_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,
-               stop_ids: Sequence[int], k: int, want_logits: bool, max_rows: int,
-               extend: Callable | None = None, stop_check: Callable | None = None,
-               shrink: Callable | None = None, insert: Callable | None = None,
+def greedy_all(steps: Steps, prompts: Sequence[Sequence[int]], max_new: int, stop_ids: Sequence[int], k: int,
+               want_logits: bool, max_rows: int, stop_check: Callable | None = None,
                on_result: Callable | None = None, invariant: bool = False,
                log: PathLog | None = None) -> list[Generation]:
     """Every prompt, greedily: with insert (the engine's cache-row write), by greedy_stream's continuous
@@ -223,20 +233,19 @@ def greedy_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[i
     (on_result then called per call). When the engine offers extend and the prompts share a prefix of
     MIN_SHARED_PREFIX tokens or more, the prefix is not recomputed per row. invariant: see greedy_stream
     (it needs insert)."""
-    if invariant and insert is None:
+    if invariant and steps.insert is None:
         raise ValueError("a batch-invariant greedy_all needs the engine's insert hook")
-    P = common_prefix(prompts) if extend is not None and len(prompts) > 1 and not invariant else 0
+    P = common_prefix(prompts) if steps.extend is not None and len(prompts) > 1 and not invariant else 0
     P = P if P >= MIN_SHARED_PREFIX else 0
     stop = {int(s) for s in stop_ids}
-    if insert is not None:
+    if steps.insert is not None:
         from engines.stream import greedy_stream  # continuous batching; it builds on this module
 
-        return greedy_stream(prefill, decode, prompts, max_new, stop, k, want_logits, max_rows, insert, extend, P,
-                             stop_check, shrink, on_result, invariant, log)
+        return greedy_stream(steps, prompts, max_new, stop, k, want_logits, max_rows, P, stop_check, on_result,
+                             invariant, log)
     out: list[Generation] = []
     for idx in batches([len(p) - P for p in prompts], max_rows):
-        gens = greedy_batch(prefill, decode, [prompts[i] for i in idx], max_new, stop, k, want_logits, extend, P,
-                            stop_check, shrink, log)
+        gens = greedy_batch(steps, [prompts[i] for i in idx], max_new, stop, k, want_logits, P, stop_check, log)
         out.extend(gens)
         for i, g in zip(idx, gens):
             if on_result is not None:
@@ -244,14 +253,13 @@ def greedy_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[i
     return out
 
 
-def forced_all(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]],
-               continuations: Sequence[Sequence[int]], max_rows: int,
-               shrink: Callable | None = None, log: PathLog | None = None) -> list[np.ndarray]:
-    """forced_batch over every prompt, in calls bounded by max_rows and the prefill token budget."""
+def forced_all(steps: Steps, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
+               max_rows: int, log: PathLog | None = None) -> list[np.ndarray]:
+    """forced_batch over every prompt, in calls bounded by max_rows and the prefill token budget (steps: prefill,
+    decode, and shrink where a context several rows share is prefilled once)."""
     out: list[np.ndarray] = []
     for idx in batches([len(p) for p in prompts], max_rows):
-        out.extend(forced_batch(prefill, decode, [prompts[i] for i in idx], [continuations[i] for i in idx],
-                                shrink, log))
+        out.extend(forced_batch(steps, [prompts[i] for i in idx], [continuations[i] for i in idx], log))
     return out
 
 

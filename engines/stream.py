@@ -9,14 +9,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from engines.base import Generation, PathLog, next_pow2
-from engines.loop import REFILL_SHARE, _log_finished, _log_prefix, batches, pad, stream_slots
+from engines.loop import REFILL_SHARE, Steps, _log_finished, _log_prefix, batches, pad, stream_slots
 
 
 class _Stream:
     """greedy_stream's state: the batch's rows (which prompt each holds, its next token and position), the
     prompts waiting, and each prompt's tokens so far."""
 
-    def __init__(self, steps: dict, prompts, max_new: int, stop: set[int], k: int, want_logits: bool, B: int, S: int,
+    def __init__(self, steps: Steps, prompts, max_new: int, stop: set[int], k: int, want_logits: bool, B: int, S: int,
                  P: int, stop_check, on_result, invariant: bool, log: PathLog | None):
         self.steps, self.prompts, self.max_new, self.stop, self.k = steps, prompts, max_new, stop, k
         self.want_logits, self.B, self.S, self.P = want_logits, B, S, P
@@ -63,11 +63,11 @@ class _Stream:
             rows = [take[j] for j in idx]
             if P:
                 tokens, lengths, _ = pad([prompts[i][P:] for i in rows], self.max_new)
-                nx, ti, tv, lg, rows_state = self.steps["extend"](tuple(int(t) for t in prompts[0][:P]), tokens,
+                nx, ti, tv, lg, rows_state = self.steps.extend(tuple(int(t) for t in prompts[0][:P]), tokens,
                                                                   lengths, self.S, self.k, self.want_logits)
             else:
                 tokens, lengths, _ = pad([prompts[i] for i in rows], self.max_new)
-                nx, ti, tv, lg, rows_state = self.steps["prefill"](tokens, lengths, self.S, self.k, self.want_logits)
+                nx, ti, tv, lg, rows_state = self.steps.prefill(tokens, lengths, self.S, self.k, self.want_logits)
             m, R = len(rows), len(lengths)
             where, free = free[:m], free[m:]
             if log is not None:
@@ -76,7 +76,7 @@ class _Stream:
                     log.hit("refill", m)
                     if m >= 2:
                         log.hit("refill_group")
-            self.state = self.steps["insert"](self.state, rows_state, np.array(where + [where[-1]] * (R - m), np.int32),
+            self.state = self.steps.insert(self.state, rows_state, np.array(where + [where[-1]] * (R - m), np.int32),
                                               np.array(list(range(m)) + [m - 1] * (R - m), np.int32), self.B, self.S)
             nx_h, ti_h, tv_h = np.asarray(nx), np.asarray(ti), np.asarray(tv)
             lg_h = np.asarray(lg) if self.want_logits else None
@@ -90,7 +90,7 @@ class _Stream:
             self.log.hit("shrink")
         self.B = next_pow2(len(live))
         keep = np.array(live + [live[0]] * (self.B - len(live)), np.int32)  # padding repeats a live row
-        self.state = self.steps["shrink"](self.state, keep)
+        self.state = self.steps.shrink(self.state, keep)
         self.nxt, self.pos = self.nxt[keep], self.pos[keep]
         self.slot_row = [self.slot_row[s] for s in live] + [None] * (self.B - len(live))
         self.nxt[len(live):], self.pos[len(live):] = 0, 0
@@ -98,7 +98,7 @@ class _Stream:
 
     def step(self, live: list[int]) -> None:
         """One decode step of every row; the live ones' tokens recorded."""
-        nx, ti, tv, lg, self.state = self.steps["decode"](self.nxt.copy(), self.pos.copy(), self.state, self.k,
+        nx, ti, tv, lg, self.state = self.steps.decode(self.nxt.copy(), self.pos.copy(), self.state, self.k,
                                                           self.want_logits)
         self.pos[live] += 1
         nx_h, ti_h, tv_h = np.asarray(nx), np.asarray(ti), np.asarray(tv)
@@ -111,11 +111,10 @@ class _Stream:
                       sum(r is not None for r in self.slot_row) + len(self.pending))
 
 
-def greedy_stream(prefill: Callable, decode: Callable, prompts: Sequence[Sequence[int]], max_new: int,
-                  stop: set[int], k: int, want_logits: bool, max_rows: int, insert: Callable,
-                  extend: Callable | None = None, prefix_len: int = 0, stop_check: Callable | None = None,
-                  shrink: Callable | None = None, on_result: Callable | None = None,
-                  invariant: bool = False, log: PathLog | None = None) -> list[Generation]:
+def greedy_stream(steps: Steps, prompts: Sequence[Sequence[int]], max_new: int, stop: set[int], k: int,
+                  want_logits: bool, max_rows: int, prefix_len: int = 0, stop_check: Callable | None = None,
+                  on_result: Callable | None = None, invariant: bool = False,
+                  log: PathLog | None = None) -> list[Generation]:
     """Greedy decode of every prompt with continuous batching: up to max_rows rows decode together and a
     finished row's place goes to the next waiting prompt, so one long answer holds up one row, not a
     batch. Waiting prompts are prefilled (their shared prefix_len tokens through extend, as in
@@ -127,7 +126,6 @@ def greedy_stream(prefill: Callable, decode: Callable, prompts: Sequence[Sequenc
     n, P = len(prompts), prefix_len
     S = stream_slots(prompts, max_new, P)  # at least MIN_WINDOW: every window a multiple of one attention tile
     B = max_rows if invariant else min(next_pow2(min(n, max_rows)), max_rows)
-    steps = {"prefill": prefill, "decode": decode, "insert": insert, "extend": extend, "shrink": shrink}
     st = _Stream(steps, prompts, max_new, stop, k, want_logits, B, S, P, stop_check, on_result, invariant, log)
     _log_prefix(log, P)
     while True:
@@ -139,7 +137,7 @@ def greedy_stream(prefill: Callable, decode: Callable, prompts: Sequence[Sequenc
             if not st.pending:
                 break
             continue
-        if not st.pending and shrink is not None and not invariant and len(live) <= st.B // 2:
+        if not st.pending and steps.shrink is not None and not invariant and len(live) <= st.B // 2:
             live = st.shrink(live)
         st.step(live)
     return st.out  # type: ignore[return-value]

@@ -30,6 +30,7 @@ from engines.errors import ModelError, UnsupportedModel
 from engines.loop import (
     MIN_PREFILL_BUCKET,
     MIN_WINDOW,
+    Steps,
     attention_window,
     forced_all,
     forced_from_decode,
@@ -238,8 +239,10 @@ class MegakernelEngine(Engine):
         programs = _programs(c, None if fault in LOOP_FAULTS else fault, self.fault_layer, n_buffers, interpret,
                              batch_invariant)
         self.interpret = programs.interpret  # one InterpretParams per spec, as the programs use it
-        for name, fn in programs.jitted.items():
-            setattr(self, name, fn)
+        j = programs.jitted  # the jitted steps, by name (shared per spec)
+        self._prefill, self._extend, self._prefix_kv = j["_prefill"], j["_extend"], j["_prefix_kv"]
+        self._score = j["_score"]
+        self._gather, self._put, self._decode, self._head = j["_gather"], j["_put"], j["_decode"], j["_head"]
         self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its K/V [L, 1, K, P, hd])
         self.share_prefix = True  # False: every row prefilled in full (the benchmark's ablation)
         self._paths = PathLog()
@@ -338,17 +341,17 @@ class MegakernelEngine(Engine):
         decode, shrink = self._decode_step, self._shrink_step
         if self.fault == "stale_feedback":
             decode, shrink = _stale_feedback(decode, shrink)
-        return greedy_all(self._prefill_step, decode, prompts, max_new_tokens, stop_ids, top_k,
-                          want_logits, MAX_BATCH, extend=self._extend_step if self.share_prefix else None,
-                          stop_check=stop_check, shrink=shrink, insert=self._insert_step, on_result=on_result,
-                          invariant=self.batch_invariant, log=self._paths)
+        steps = Steps(self._prefill_step, decode, self._extend_step if self.share_prefix else None,
+                      self._insert_step, shrink)
+        return greedy_all(steps, prompts, max_new_tokens, stop_ids, top_k, want_logits, MAX_BATCH,
+                          stop_check=stop_check, on_result=on_result, invariant=self.batch_invariant, log=self._paths)
 
     def decode_forced(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Prefill (XLA), then every continuation token through the kernel; logits [N, V] per row."""
         self._check([list(p) + list(x) for p, x in zip(prompts, continuations)], 1)
-        return forced_all(self._prefill_step, self._decode_step, prompts, continuations, MAX_BATCH,
-                          shrink=self._shrink_step, log=self._paths)
+        return forced_all(Steps(self._prefill_step, self._decode_step, shrink=self._shrink_step), prompts,
+                          continuations, MAX_BATCH, log=self._paths)
 
     def forced_topk(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], k: int = 5,
                     want_logits: bool = False) -> list[Forced]:

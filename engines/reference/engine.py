@@ -27,7 +27,7 @@ from engines.base import (
 )
 from engines.errors import ModelError
 from engines.lazy import as_lazy
-from engines.loop import MIN_PREFILL_BUCKET, cache_slots, forced_all, forced_from_decode, greedy_all
+from engines.loop import MIN_PREFILL_BUCKET, Steps, cache_slots, forced_all, forced_from_decode, greedy_all
 from engines.reference import model, sharding
 from engines.weights import Weights
 
@@ -133,8 +133,10 @@ class ReferenceEngine(Engine):
         else:
             self.params = device_params(weights, dtype, f32_weights)
         self._weights = weights
-        for name, fn in _programs(self.config, self.mesh, self.recipe).items():
-            setattr(self, name, fn)
+        p = _programs(self.config, self.mesh, self.recipe)  # the jitted steps, by name (shared per spec)
+        self._score, self._prefill, self._decode, self._head = p["_score"], p["_prefill"], p["_decode"], p["_head"]
+        self._grow, self._extend, self._seed, self._gather = p["_grow"], p["_extend"], p["_seed"], p["_gather"]
+        self._put, self._f64_forward = p["_put"], p["_f64_forward"]
         self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its per-layer K/V)
         self._p64: dict | None = None  # float64 weights, made on the first float64_logits call
         self.share_prefix = True  # False: every row prefilled in full (the benchmark's ablation)
@@ -230,10 +232,10 @@ class ReferenceEngine(Engine):
         check_prompts(prompts, c.vocab_size, c.max_context, max_new_tokens)
         if not 1 <= top_k <= c.vocab_size:
             raise ModelError(f"top_k must be in [1, {c.vocab_size}], got {top_k}")
-        return greedy_all(self._prefill_step, self._decode_step, prompts, max_new_tokens, stop_ids, top_k,
-                          want_logits, MAX_BATCH,
-                          extend=self._extend_step if self.share_prefix else None, stop_check=stop_check,
-                          shrink=self._shrink_step, insert=self._insert_step, on_result=on_result, log=self._paths)
+        steps = Steps(self._prefill_step, self._decode_step, self._extend_step if self.share_prefix else None,
+                      self._insert_step, self._shrink_step)
+        return greedy_all(steps, prompts, max_new_tokens, stop_ids, top_k, want_logits, MAX_BATCH,
+                          stop_check=stop_check, on_result=on_result, log=self._paths)
 
     def compiled_decode_shapes(self) -> int:
         """How many decode-step programs (one per rows, slots, window) this engine's spec has compiled."""
@@ -247,8 +249,8 @@ class ReferenceEngine(Engine):
         c = self.config
         check_prompts([list(p) + list(x) for p, x in zip(prompts, continuations)], c.vocab_size,
                       c.max_context + 1, 1)
-        return forced_all(self._prefill_step, self._decode_step, prompts, continuations, MAX_BATCH,
-                          shrink=self._shrink_step, log=self._paths)
+        return forced_all(Steps(self._prefill_step, self._decode_step, shrink=self._shrink_step), prompts,
+                          continuations, MAX_BATCH, log=self._paths)
 
     def forced_topk(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], k: int = 5,
                     want_logits: bool = False) -> list[Forced]:

@@ -142,7 +142,7 @@ def test_attention_window_reads_every_visible_slot(mini_llama, engine):
 def test_shared_context_is_prefilled_once(mini_llama, engine):
     """Loglikelihood rows with the same context (one per multiple-choice answer) prefill it once and copy
     the cache row; every row's logits are those of prefilling every row (same math per row)."""
-    from engines.loop import forced_all
+    from engines.loop import Steps, forced_all
     from evalsuite.plugins import make_engine
 
     eng = make_engine(engine, mini_llama, "float32", None)
@@ -155,7 +155,7 @@ def test_shared_context_is_prefilled_once(mini_llama, engine):
     eng._prefill_step = lambda tokens, *a: rows.append(tokens.shape[0]) or real(tokens, *a)
     shared = eng.decode_forced(prompts, conts)
     assert rows == [2], rows  # two distinct contexts, one prefill call of two rows
-    alone = forced_all(real, eng._decode_step, prompts, conts, 32)  # no shrink: every row prefilled
+    alone = forced_all(Steps(real, eng._decode_step), prompts, conts, 32)  # no shrink: every row prefilled
     for a, b in zip(shared, alone):
         assert a.shape == b.shape and float(np.max(np.abs(a - b))) < 1e-4  # measured: 0.0 both engines
 
@@ -167,7 +167,7 @@ def test_continuous_batching_matches_each_prompt_alone(mini_llama, engine, prefi
     refilled with waiting prompts, two or more at once (their K/V written into the freed rows); every prompt's
     tokens and top logprobs are those it gets alone, and on_result reports each prompt once, as it finishes."""
     from engines.base import PathLog
-    from engines.loop import greedy_all
+    from engines.loop import Steps, greedy_all
     from evalsuite.plugins import make_engine
 
     eng = make_engine(engine, mini_llama, "float32", None)
@@ -180,9 +180,8 @@ def test_continuous_batching_matches_each_prompt_alone(mini_llama, engine, prefi
     inserts, reported, log = [], [], PathLog()
     insert = lambda state, *a: inserts.append(state is not None) or eng._insert_step(state, *a)  # noqa: E731
     extend = eng._extend_step if prefix_len else None
-    gens = greedy_all(eng._prefill_step, eng._decode_step, prompts, 12, (), 3, False, rows, extend=extend,
-                      stop_check=stop_check, shrink=eng._shrink_step, insert=insert,
-                      on_result=lambda i, g: reported.append((i, g)), log=log)
+    gens = greedy_all(Steps(eng._prefill_step, eng._decode_step, extend, insert, eng._shrink_step), prompts, 12, (),
+                      3, False, rows, stop_check=stop_check, on_result=lambda i, g: reported.append((i, g)), log=log)
     assert sum(inserts) >= 2, "no row was refilled"
     assert log.counts.get("refill_group"), log.counts  # a refill of two or more rows at once
     assert log.counts.get("shrink"), log.counts
@@ -191,7 +190,8 @@ def test_continuous_batching_matches_each_prompt_alone(mini_llama, engine, prefi
     lengths = {len(g.token_ids) for g in gens}
     assert len(lengths) >= 3, lengths
     for p, g in zip(prompts, gens):
-        alone = greedy_all(eng._prefill_step, eng._decode_step, [p], 12, (), 3, False, rows, stop_check=stop_check)[0]
+        alone = greedy_all(Steps(eng._prefill_step, eng._decode_step), [p], 12, (), 3, False, rows,
+                           stop_check=stop_check)[0]
         assert g.prompt_ids == p
         assert g.token_ids == alone.token_ids
         np.testing.assert_array_equal(g.top_ids, alone.top_ids)
