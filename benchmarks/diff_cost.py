@@ -37,14 +37,15 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--repeats", type=int, default=1, help="timed runs of each, alternating")
-    ap.add_argument("--warm", choices=("each", "superset"), default="each",
+    ap.add_argument("--warm", choices=("each", "superset", "none"), default="each",
                     help="each: an untimed run of each mode first; superset: one untimed run with the batching part "
-                         "(its programs include every one the run without it compiles)")
+                         "(its programs include every one the run without it compiles); none: jax's cache is warm "
+                         "already (an earlier run of the same settings on this machine)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     base = ["--model", a.model, "--prompts", a.prompts, "--max-new-tokens", str(a.max_new_tokens), "--dtype", a.dtype]
     modes = {"with batching part (default)": [], "without (--no-batching)": ["--no-batching"]}
-    warm = modes if a.warm == "each" else dict(list(modes.items())[:1])
+    warm = modes if a.warm == "each" else dict(list(modes.items())[:1]) if a.warm == "superset" else {}
     for name, extra in warm.items():  # warm jax's compilation cache, so neither timed run pays for compiling
         print(f"warming: {name}", file=sys.stderr, flush=True)
         _diff(base + extra)
