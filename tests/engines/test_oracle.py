@@ -17,7 +17,7 @@ from engines.reference import ReferenceEngine
 from evalsuite.models import minis_dir
 
 ORACLES = sorted((Path(__file__).parent / "oracle").glob("*.json"))
-# The bound for float32 against transformers in float32. Measured (2026-12-01, 5 prompts of 5-70 tokens x
+# The bound for float32 against transformers in float32. Measured (5 prompts of 5-70 tokens x
 # 16 greedy tokens each): max |Δlogprob| 6.0e-6 qwen2, 1.9e-6 gemma2, 1.8e-6 gemma3, 3.7e-5 gpt-oss (its
 # activations are largest: gate values past swiglu_limit), 6.3e-6 llama3-scaled RoPE.
 ORACLE_TOL = 1e-4

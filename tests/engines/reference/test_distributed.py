@@ -14,7 +14,7 @@ from evalsuite.compare.rule import LOGPROB_TOL
 from evalsuite.models import load_model
 
 # Two processes vs one, float32: max |Δ top-5 logprob| 3.3e-6 on mini-llama and 3.8e-6 on mini-qwen2, tp=2 (12
-# tokens, 2026-12-01): the split matmuls reorder float32 sums, as on one host's virtual devices (test_sharding).
+# tokens): the split matmuls reorder float32 sums, as on one host's virtual devices (test_sharding).
 # The bound is diff's float32 |Δlogprob| bound (rule.py, measured on the reference alone).
 TOL = LOGPROB_TOL["float32"]
 CLI = [sys.executable, "-m", "evalsuite.cli"]

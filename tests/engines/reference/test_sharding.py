@@ -13,7 +13,7 @@ import pytest
 
 from evalsuite.compare.rule import LOGPROB_TOL
 
-# Sharded vs single device, float32 (12 greedy tokens on 3 prompts, 2026-12-01): max |Δ top-5 logprob| 5.7e-6
+# Sharded vs single device, float32 (12 greedy tokens on 3 prompts): max |Δ top-5 logprob| 5.7e-6
 # mini-llama tp=2,dp=2; 2.5e-5 mini-moe tp=2,ep=2; 3.1e-5 mini-gptoss tp=2,ep=4; 3.4e-4 smollm2-135m tp=3 (30
 # layers): the partitioned sums only reorder float32 additions. The bound is diff's own float32 |Δlogprob|
 # bound (rule.py: 2 x 8e-4, from the reference's score-vs-decode noise floor, measured on the reference alone).
