@@ -35,9 +35,9 @@ def set_mesh(text: str | None) -> None:
     """The mesh every engine that takes one (the reference: `evalsuite engines` lists `mesh`) is built on,
     unless its own --engine-option mesh=... says otherwise. Checked against the model when the engine is made."""
     if text:
-        from engines.reference.sharding import parse_mesh
+        from evalsuite.plugins import check_mesh  # the judge's own parser (the plugin loader may import engines)
 
-        parse_mesh(text)  # a malformed mesh: one line now, before any model is loaded
+        check_mesh(text)
     _state["mesh"] = text or None
 
 

@@ -108,6 +108,14 @@ def judge(model: Model, dtype: str = "float32", order_seed: int | None = None, r
     return ReferenceEngine(weights, dtype, mesh=default_mesh(), recipe=recipe)
 
 
+def check_mesh(text: str) -> None:
+    """A --mesh for the judge, parsed by the judge's own code: a malformed one raises a one-line error before any
+    model is loaded."""
+    from engines.reference.sharding import parse_mesh
+
+    parse_mesh(text)
+
+
 def describe() -> list[dict]:
     """For `evalsuite engines`: each declared engine, whether it loads, and what it offers."""
     rows = []
