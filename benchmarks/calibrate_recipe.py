@@ -44,7 +44,7 @@ def main() -> None:
     tracks = [g.token_ids for g in ref.generate([ids for _, ids in prompts], a.max_new_tokens, top_k=1)]
     rows, judges = {}, {}
     for fault in (None, *[f for f in a.faults.split(",") if f]):
-        eng = make_engine("megakernel", model, "bfloat16", fault, None, {})
+        eng = make_engine("megakernel", model, "bfloat16", fault)
         if eng.recipe not in judges:  # the recipe and its other orders, once per declared recipe
             judges[eng.recipe] = (judge(model, "bfloat16", recipe=eng.recipe), witness.OrderSpread(
                 lambda s, r=eng.recipe: judge(model, "bfloat16", order_seed=s, recipe=r), model.weights.nbytes))

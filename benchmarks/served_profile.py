@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     try:
         t = time.perf_counter()
         r = run_diff(DiffSpec(model=a.model, dtype=a.dtype, prompts=a.prompts, max_new_tokens=a.max_new_tokens,
-                              engine="openai", remote=client.Remote(url))).to_json()
+                              engine="openai", engine_options=(("base_url", url),))).to_json()
         wall = time.perf_counter() - t
     finally:
         server.stop()

@@ -265,12 +265,11 @@ class Recipe:
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """How the user asked for an engine: its precision mode, a fault (self-test aid) and, for engines
-    that talk to a server, where it is (engines.openai.client.Remote)."""
+    """How the user asked for an engine: its precision mode, a fault (self-test aid) and its own settings
+    (--engine-option KEY=VALUE; for a server engine also where the server is: base_url and its companions)."""
 
     dtype: str = "float32"
     fault: str | None = None
-    remote: object | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -288,7 +287,7 @@ class Engine(abc.ABC):
 
     faults: ClassVar[tuple[str, ...]] = ()  # fault names create() accepts (CLI --fault choices)
     options: ClassVar[tuple[str, ...]] = ()  # --engine-option keys create() reads from EngineOptions.extra
-    takes_remote: ClassVar[bool] = False  # create() needs options.remote (a server URL)
+    takes_remote: ClassVar[bool] = False  # a server client: create() needs options.extra["base_url"]
     # why the engine has no float32 build of its own to judge beside a bf16 run (a server runs in its own dtype; the
     # reference's float32 build is the judge), empty where create(dtype="float32") builds one
     no_float32_build: ClassVar[str] = ""
@@ -330,10 +329,12 @@ class Engine(abc.ABC):
         """Per row, continuation[j] scored from prompt + continuation[:j] by the engine's decode path."""
 
     def canary_logprobs(self) -> list[float] | None:
-        """Values a resumed run compares with the journal's, within a tolerance, before reusing its answers
+        """Values a resumed run compares with the journal's, within canary_tol, before reusing its answers
         (a server's canary logprobs: a prompt cache moves them slightly, so they cannot be hashed into the
         fingerprint). None: the fingerprint alone decides."""
         return None
+
+    canary_tol: ClassVar[float] = 0.0  # the largest |Δ| between two canary_logprobs() of the same engine
 
     def placement(self) -> dict | None:
         """Where the weights live when they are split over devices or processes (for result files): the

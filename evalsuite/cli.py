@@ -59,12 +59,13 @@ def _data(data, data_dir):
     return data if data is not None else data_dir
 
 
-def _remote(base_url, served_model, api_key_env, api_timeout):
+def _server(base_url, served_model, api_key_env, api_timeout) -> tuple[tuple[str, str], ...]:
+    """--base-url and its companions as engine options of a server engine (`evalsuite engines` lists them)."""
     if base_url is None:
-        return None
-    from engines.openai.client import Remote
-
-    return Remote(base_url, served_model, api_key_env, api_timeout)
+        return ()
+    pairs = (("base_url", base_url), ("served_model", served_model), ("api_key_env", api_key_env),
+             ("timeout", str(api_timeout)))
+    return tuple((k, v) for k, v in pairs if v is not None)
 
 
 class Group(click.Group):
@@ -148,8 +149,8 @@ def generate(engine, model, prompt, chat, max_new_tokens, no_stop, top_logprobs,
 
     spec = GenerateSpec(engine=engine, model=model, prompt=prompt, chat=chat,
                         max_new_tokens=max_new_tokens, stop=not no_stop, top_logprobs=top_logprobs,
-                        dtype=dtype, fault=fault, remote=_remote(base_url, served_model, api_key_env, api_timeout),
-                        engine_options=_engine_options(engine_options))
+                        dtype=dtype, fault=fault, engine_options=_engine_options(engine_options)
+                        + _server(base_url, served_model, api_key_env, api_timeout))
     result = run_generate(spec)
     click.echo(json.dumps(result) if as_json else result["text"])
 
@@ -196,9 +197,9 @@ def diff(engine, against, model, prompts, max_new_tokens, dtype, batch, fault, n
 
     spec = DiffSpec(engine=engine, against=against, model=model, prompts=prompts,
                     max_new_tokens=max_new_tokens, dtype=dtype, batch=batch, fault=fault, noise_tol=noise_tol,
-                    require=tuple(require), seed=seed, engine_options=_engine_options(engine_options),
-                    float32_build=float32_build, batching=batching,
-                    remote=_remote(base_url, served_model, api_key_env, api_timeout))
+                    require=tuple(require), seed=seed, float32_build=float32_build, batching=batching,
+                    engine_options=_engine_options(engine_options) + _server(base_url, served_model, api_key_env,
+                                                                             api_timeout))
     result = run_diff(spec, _progress).to_json()
     if report_dir and writes_files():
         for p in diff_report(result, Path(report_dir)):
@@ -236,12 +237,12 @@ def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model,
     from evalsuite.report import golden_text
     from evalsuite.verdict import combine
 
-    remote = _remote(base_url, served_model, api_key_env, api_timeout)
+    server = dict(_server(base_url, served_model, api_key_env, api_timeout))
     results, skipped = {}, {}
     for m in models_ or tuple(g.DEFAULTS):
         _progress(f"golden: checking {engine} on {m}")
         try:
-            results[m] = g.check(m, engine, dtype, fault, remote=remote).to_json()
+            results[m] = g.check(m, engine, dtype, fault, extra=server).to_json()
         except UnsupportedModel as e:
             if models_:  # named by the user: an error
                 raise
@@ -286,8 +287,8 @@ def run_cmd(task, variant, engine, against, model, limit, data, data_dir, output
 
     spec = RunSpec(task=task, variant=variant, engine=engine, against=against, model=model, limit=limit,
                    data_dir=_data(data, data_dir), output=output, dtype=dtype, fault=fault, margin=margin, seed=seed,
-                   remote=_remote(base_url, served_model, api_key_env, api_timeout), shard=shard,
-                   engine_options=_engine_options(engine_options))
+                   shard=shard, engine_options=_engine_options(engine_options)
+                   + _server(base_url, served_model, api_key_env, api_timeout))
     from evalsuite.report import run_text
 
     r = run_benchmark(spec, _progress).to_json()
@@ -374,10 +375,10 @@ def verify(model, engine, dtype, fault, output, tasks, data, data_dir, limit, pr
 
     names = parse_tasks(tasks)
 
-    r = run_verify(model, engine, dtype, fault, Path(output), _progress,
-                   _remote(base_url, served_model, api_key_env, api_timeout), tasks=names,
+    r = run_verify(model, engine, dtype, fault, Path(output), _progress, tasks=names,
                    data_dir=_data(data, data_dir), limit=limit, prompts=prompts, require=tuple(require),
-                   engine_options=_engine_options(engine_options)).to_json()
+                   engine_options=_engine_options(engine_options)
+                   + _server(base_url, served_model, api_key_env, api_timeout)).to_json()
     click.echo(json.dumps(r) if as_json else verify_markdown(r))
     sys.exit(exit_code(r["verdict"]))
 

@@ -20,7 +20,6 @@ class GenerateSpec:
     top_logprobs: int = 5
     dtype: str = "float32"
     fault: str | None = None
-    remote: object | None = None  # engines.openai.client.Remote for --engine openai
     engine_options: tuple[tuple[str, str], ...] = ()  # --engine-option KEY=VALUE
 
 
@@ -30,7 +29,7 @@ def run_generate(spec: GenerateSpec) -> dict:
         from engines.errors import ModelError
 
         raise ModelError(f"model {spec.model} has no tokenizer: text prompts are impossible")
-    eng = make_engine(spec.engine, m, spec.dtype, spec.fault, spec.remote, dict(spec.engine_options))
+    eng = make_engine(spec.engine, m, spec.dtype, spec.fault, dict(spec.engine_options))
     ids = m.tokenizer.encode_chat(spec.prompt) if spec.chat else m.tokenizer.encode(spec.prompt)
     stop = m.tokenizer.eos_ids if spec.stop else ()
     g = eng.generate([ids], spec.max_new_tokens, stop_ids=stop, top_k=spec.top_logprobs)[0]

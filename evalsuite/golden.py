@@ -204,7 +204,7 @@ def _not_checked(caps, drift, scale, routing) -> list[str]:
 
 
 def check(model_name: str, engine_name: str = "reference", dtype: str = "float32", fault: str | None = None,
-          directory: Path | None = None, remote=None, extra: dict | None = None) -> GoldenResult:
+          directory: Path | None = None, extra: dict | None = None) -> GoldenResult:
     """Any engine teacher-forced along the golden tokens and judged by the one comparator (evalsuite/compare/rule.py):
     the golden file is the judge's record (top-k), the engine gives full logits where it has them, else its top-k."""
     from evalsuite.plugins import make_engine
@@ -214,7 +214,7 @@ def check(model_name: str, engine_name: str = "reference", dtype: str = "float32
     except _Invalid as e:
         return _failed(model_name, e.problems)
     regen = REGENERATE.format(model=model_name)
-    eng = make_engine(engine_name, model, dtype, fault, remote, extra)
+    eng = make_engine(engine_name, model, dtype, fault, extra)
     prompts = [entries[i]["prompt_token_ids"] for i in want_ids]
     changed = [f"entry {i}: prompt tokenizes differently now (tokenizer changed?); {regen}"
                for p, e, i in zip(kept, prompts, want_ids) if p.encode(model.tokenizer) != e]

@@ -65,13 +65,17 @@ def engine_class(name: str) -> type[Engine]:
     return cls
 
 
-def make_engine(name: str, model: Model, dtype: str = "float32", fault: str | None = None, remote=None,
+def make_engine(name: str, model: Model, dtype: str = "float32", fault: str | None = None,
                 extra: dict | None = None) -> Engine:
-    """An engines.base.Engine. fault: a self-test aid, one of the engine class's `faults`. remote
-    (engines.openai.client.Remote): where a server engine's server is. extra: --engine-option KEY=VALUE
-    pairs, each one of the engine class's `options`."""
+    """An engines.base.Engine. fault: a self-test aid, one of the engine class's `faults`. extra: --engine-option
+    KEY=VALUE pairs, each one of the engine class's `options` (a server engine's base_url, served_model,
+    api_key_env and timeout among them: the CLI's --base-url and its companions)."""
     cls = engine_class(name)
     extra = dict(extra or {})
+    if extra.get("base_url") and not cls.takes_remote:
+        raise ModelError(f"--base-url applies to a server engine (e.g. openai), not {name}")
+    if cls.takes_remote and not extra.get("base_url"):
+        raise ModelError(f"--engine {name} needs --base-url URL (e.g. http://127.0.0.1:8000/v1)")
     if "mesh" in cls.options and "mesh" not in extra and default_mesh():
         extra["mesh"] = default_mesh()  # evalsuite --mesh: every engine that takes one (the judge included)
     for key in extra:
@@ -81,11 +85,7 @@ def make_engine(name: str, model: Model, dtype: str = "float32", fault: str | No
     if fault is not None and fault not in cls.faults:
         offered = f"one of {', '.join(cls.faults)}" if cls.faults else "none (it has no fault injection)"
         raise ModelError(f"--fault {fault!r}: engine {name} accepts {offered}")
-    if remote is not None and remote.base_url and not cls.takes_remote:
-        raise ModelError(f"--base-url applies to a server engine (e.g. openai), not {name}")
-    if cls.takes_remote and (remote is None or not remote.base_url):
-        raise ModelError(f"--engine {name} needs --base-url URL (e.g. http://127.0.0.1:8000/v1)")
-    eng = cls.create(model, EngineOptions(dtype=dtype, fault=fault, remote=remote, extra=extra))
+    eng = cls.create(model, EngineOptions(dtype=dtype, fault=fault, extra=extra))
     if not isinstance(eng, Engine):
         raise ModelError(f"engine plugin {name!r}: create() returned {type(eng).__name__}, not an engines.base.Engine")
     return eng

@@ -33,7 +33,7 @@ def parse_tasks(text: str) -> tuple[str, ...]:
 
 
 def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path,
-               progress: Callable[[str], None], remote=None, tasks: tuple[str, ...] = TASKS,
+               progress: Callable[[str], None], tasks: tuple[str, ...] = TASKS,
                data_dir: str | None = None, limit: int | None = None, prompts: str = "builtin",
                require: tuple[str, ...] = (), engine_options: tuple[tuple[str, str], ...] = ()) -> VerifyResult:
     from evalsuite import golden
@@ -41,7 +41,7 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
     from evalsuite.compare.diff import DiffSpec, run_diff
 
     t0 = time.time()
-    spec = DiffSpec(engine=engine, model=model, dtype=dtype, fault=fault, remote=remote, prompts=prompts,
+    spec = DiffSpec(engine=engine, model=model, dtype=dtype, fault=fault, prompts=prompts,
                     require=require, engine_options=engine_options)  # a bad --require: one line, before any work
     out.mkdir(parents=True, exist_ok=True)
     if data_dir == "hub":  # every hub download first, before anything reads local files offline
@@ -54,7 +54,7 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
     parts: dict[str, dict] = {}
     if model in golden.DEFAULTS:
         progress(f"verify: golden check ({engine})")
-        g = golden.check(model, engine, dtype, fault, remote=remote, extra=dict(engine_options))
+        g = golden.check(model, engine, dtype, fault, extra=dict(engine_options))
         parts["golden"] = {"verdict": g.verdict, "problems": list(g.problems), "summary": g.summary,
                            "warnings": list(g.not_checked)}
     else:
@@ -69,7 +69,7 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
     for task in tasks:
         r = run_benchmark(RunSpec(task=task, engine=engine, model=model, dtype=dtype, fault=fault, limit=limit,
                                   data_dir=data_dir if task != "sanity" else None,
-                                  output=str(out / task), remote=remote, engine_options=engine_options),
+                                  output=str(out / task), engine_options=engine_options),
                              progress).to_json()
         parts[task] = {"verdict": r["verdict"], "items": r["items"], "bundled_sample": r["dataset"]["bundled_sample"],
                        "dataset": r["dataset"]["path"],
@@ -79,7 +79,7 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
     warnings = [f"{name}: {w}" for name, p in parts.items() for w in p.get("warnings", [])]
     result = VerifyResult(verdict=overall, model=model, engine=engine, dtype=dtype, fault=fault, parts=parts,
                           warnings=tuple(warnings), details={
-                              "base_url": remote.base_url if remote is not None else None,
+                              "base_url": dict(engine_options).get("base_url"),
                               "data": {None: "bundled samples", "bundled": "bundled samples",
                                        "hub": "the hub (datasets)"}.get(data_dir, data_dir),
                               "versions": versions(),

@@ -56,12 +56,19 @@ class OpenAIEngine(Engine):
     """A server speaking the OpenAI completions API (vLLM, SGLang, llama.cpp, evalsuite serve): --base-url."""
 
     takes_remote = True
+    options = ("base_url", "served_model", "api_key_env", "timeout")  # the CLI's --base-url and its companions
     no_float32_build = "a served engine runs in the server's dtype; diff the server started in float32"
     max_batch = ROWS_PER_REQUEST
 
     @classmethod
     def create(cls, model, options: EngineOptions) -> OpenAIEngine:
-        return cls(options.remote, model.config, model.tokenizer, options.dtype)
+        x = options.extra
+        try:
+            timeout = float(x.get("timeout", TIMEOUT_S))
+        except ValueError:
+            raise ModelError(f"--timeout {x['timeout']!r}: expected seconds") from None
+        remote = Remote(x["base_url"], x.get("served_model") or None, x.get("api_key_env") or None, timeout)
+        return cls(remote, model.config, model.tokenizer, options.dtype)
 
     def __init__(self, remote: Remote, config: Config, tokenizer, dtype: str = "float32"):
         self.name = "openai"
@@ -187,6 +194,8 @@ class OpenAIEngine(Engine):
                            "canary": {k: self.canary.get(k) for k in ("text", "token_ids")}},
                           sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()
+
+    canary_tol = probe.ECHO_CONSISTENCY_TOL  # the same server's echo against decode logprobs, measured
 
     def canary_logprobs(self) -> list[float]:
         return [float(x) for x in self.canary.get("logprobs") or []]

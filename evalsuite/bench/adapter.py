@@ -41,7 +41,7 @@ class EngineLM(TemplateLM):
     def __init__(self, model: str = "smollm2-135m", dtype: str = "float32", fault: str | None = None,
                  max_length: int = DEFAULT_MAX_LENGTH, batch_size: int | str | None = None,
                  journal: str | None = None, progress: bool = True, base_url: str | None = None,
-                 served_model: str | None = None, api_key_env: str | None = None, remote=None,
+                 served_model: str | None = None, api_key_env: str | None = None,
                  engine: str | None = None, built=None, shard: tuple[int, int] | None = None, **kwargs):
         """shard (i, N): only the docs with doc_id % N == i are computed; lm-eval still builds every doc's
         request (so each doc's few-shot exemplars, drawn from one seeded sequence, are those of an unsharded
@@ -59,13 +59,11 @@ class EngineLM(TemplateLM):
         self.model = load_model(model)
         if self.model.tokenizer is None:
             raise SpecError(f"model {model} has no tokenizer: lm-eval tasks need one")
-        if remote is None and base_url:
-            from engines.openai.client import Remote
-
-            remote = Remote(base_url, served_model, api_key_env)
+        server = {k: v for k, v in (("base_url", base_url), ("served_model", served_model),
+                                    ("api_key_env", api_key_env)) if v}  # a server engine's options
         # built: the engine, already made by the caller (evalsuite run probes it first)
         self.engine = built if built is not None else make_engine(self.engine_name, self.model, dtype, fault or None,
-                                                                  remote)
+                                                                  server)
         self.max_length = min(int(max_length), self.model.config.max_context)
         # default: the engine's rows per device call (reference 32, megakernel 8): the journal is
         # written after each call's requests, so a bigger batch would only delay it
@@ -74,8 +72,8 @@ class EngineLM(TemplateLM):
         self.identity = {"engine": self.engine_name, "model": model, "weights_sha256": self.model.weights.sha256,
                          "dtype": dtype, "fault": fault or None, "max_length": self.max_length,
                          "adapter_version": ADAPTER_VERSION, "engine_fingerprint": self.engine.fingerprint}
-        if remote is not None:  # the server is part of the identity (never the API key); its model id is in
-            self.identity.update(base_url=remote.base_url)  # the fingerprint
+        if base_url:  # the server is part of the identity (never the API key); its model id is in the fingerprint
+            self.identity.update(base_url=base_url)
         if journal:
             from evalsuite.bench.journal import Journal
 
@@ -84,9 +82,10 @@ class EngineLM(TemplateLM):
 
     def _check_canary(self) -> None:
         """A server's canary logprobs (taken at start) must match those of the run that wrote the
-        journal within CANARY_TOL, or its answers are not reused: it is not the same engine."""
-        from engines.openai.probe import ECHO_CONSISTENCY_TOL as CANARY_TOL
+        journal within the engine's canary_tol, or its answers are not reused: it is not the same engine."""
         from evalsuite.bench.journal import request_key
+
+        tol = self.engine.canary_tol
 
         key = request_key(self.identity, "canary", [])
         now = self.engine.canary_logprobs()
@@ -98,11 +97,11 @@ class EngineLM(TemplateLM):
             return
         before = have["result"]
         d = max((abs(a - b) for a, b in zip(now, before)), default=0.0) if len(now) == len(before) else float("inf")
-        if d > CANARY_TOL:
+        if d > tol:
             self.journal.close()
             raise SpecError(f"the engine ({self.identity.get('base_url') or self.engine_name}) answers the canary "
                             f"differently from when "
-                            f"{self.journal.path} was written (max |Δlogprob| {d:.3g} > {CANARY_TOL}): not the same "
+                            f"{self.journal.path} was written (max |Δlogprob| {d:.3g} > {tol}): not the same "
                             "engine, so its answers are not reused; use a new --output or delete that journal")
 
     # ---- tokenization -----------------------------------------------------------------------------

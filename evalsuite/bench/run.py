@@ -59,7 +59,6 @@ class RunSpec:
     fault: str | None = None
     margin: float = stats.DEFAULT_MARGIN
     seed: int = LM_EVAL_SEED
-    remote: object | None = None  # engines.openai.client.Remote for --engine openai
     engine_options: tuple[tuple[str, str], ...] = ()  # --engine-option KEY=VALUE
     shard: str | None = None  # "i/N": only the items with doc_id % N == i (evalsuite merge combines the N)
 
@@ -153,7 +152,8 @@ def run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks_
     eng_dir = out / (folder or engine)
     eng_dir.mkdir(parents=True, exist_ok=True)
     lm = EngineLM(engine=engine, model=spec.model, dtype=dtype, fault=fault, journal=str(eng_dir / "journal.jsonl"),
-                  remote=spec.remote if built is not None else None, built=built, shard=spec.shard_of)
+                  base_url=dict(spec.engine_options).get("base_url") if built is not None else None, built=built,
+                  shard=spec.shard_of)
     try:
         res = lm_eval.simple_evaluate(model=lm, tasks=[name], limit=spec.limit, log_samples=True,
                                       task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False),
@@ -314,7 +314,7 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     from evalsuite.plugins import make_engine
 
     variant = spec.variant or DEFAULT_VARIANT[spec.task]
-    built = make_engine(spec.engine, model, spec.dtype, spec.fault, spec.remote, dict(spec.engine_options))
+    built = make_engine(spec.engine, model, spec.dtype, spec.fault, dict(spec.engine_options))
     caps = built.capabilities
     uses_forced = VARIANTS[spec.task][variant][3] == "acc"
     if uses_forced and not caps.forced:

@@ -63,7 +63,6 @@ class DiffSpec:
     batch: int = 8
     fault: str | None = None
     noise_tol: float | None = None  # None: NOISE_TOL[dtype]
-    remote: object | None = None  # engines.openai.client.Remote for --engine openai
     require: tuple[str, ...] = ()  # claims that become verdict conditions: REQUIRABLE
     engine_options: tuple[tuple[str, str], ...] = ()  # --engine-option KEY=VALUE
     seed: int = 0  # --require batch-invariance: the batches' request order
@@ -147,7 +146,7 @@ def _setup(spec: DiffSpec) -> _Run:
             encoded.append((p, ids))
     if not encoded:
         raise SpecError(f"no prompt of {pset.name} fits {spec.model}'s context of {c.max_context}")
-    eng = make_engine(spec.engine, model, spec.dtype, spec.fault, spec.remote, dict(spec.engine_options))
+    eng = make_engine(spec.engine, model, spec.dtype, spec.fault, dict(spec.engine_options))
     ref = judge(model)  # on the global mesh (evalsuite --mesh), as its bf16 recipe
     declared = eng.recipe if spec.dtype != "float32" else None
     recipe = judge(model, spec.dtype, recipe=declared) if spec.dtype != "float32" else None
@@ -347,7 +346,7 @@ def _verdict(run: _Run, part: dict, paths: dict, own: dict | None, t0: float,
            "engine_capabilities": caps.report(), "batching": part, "paths": paths, "bisection": bisection,
            "batch_invariance": measured, "batch_invariance_required": strict, "per_prompt": per_prompt,
            "seed": None, "seed_note": "greedy decoding: no random choice is made",
-           "versions": versions(), "spec": {k: v for k, v in asdict(spec).items() if k != "remote"},
+           "versions": versions(), "spec": asdict(spec),
            "seconds": round(time.time() - t0, 1)}
     typed = {k: out.pop(k) for k in ("verdict", "engine", "model", "dtype", "fault", "prompts", "positions",
                                       "real_mismatches", "benign_divergences", "prompts_identical",

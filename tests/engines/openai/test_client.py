@@ -145,14 +145,13 @@ def test_run_refuses_loglikelihood_over_a_server_without_echo(mini_llama, tmp_pa
 def test_unstated_echo_path_cannot_pass(mini_llama):
     """Regression (10.3): a server that does not say its echo logprobs come from its decode path gets
     "not checked: decode path", and golden check over it cannot PASS."""
-    from engines.openai.client import Remote as R
     from evalsuite import golden
 
     with Fake("ok") as f:
         e = _engine(f, mini_llama)
         assert "echo_logprobs" in e.usable and e.echo_path is None
         assert e.echo_not_checked and "decode path" in e.echo_not_checked[0]
-        r = golden.check("mini-llama", "openai", remote=R(f.url))
+        r = golden.check("mini-llama", "openai", extra={"base_url": f.url})
         assert r.verdict != "PASS" and r.not_checked
 
 

@@ -21,7 +21,8 @@ def _engine(srv, model) -> OpenAIEngine:
 def _diff(url: str, prompts: str = "quick", n: int = 8, model: str = "mini-llama") -> dict:
     from evalsuite.compare.diff import DiffSpec, run_diff
 
-    spec = DiffSpec(engine="openai", model=model, prompts=prompts, max_new_tokens=n, remote=Remote(url))
+    spec = DiffSpec(engine="openai", model=model, prompts=prompts, max_new_tokens=n,
+                    engine_options=(("base_url", url),))
     return run_diff(spec).to_json()
 
 
@@ -92,13 +93,13 @@ def test_diff_and_refusals_over_llama_cpp_quirks(llama_like, tmp_path):
     assert llama_like.retried_refusals() == []
     llama_like.mark()
     with pytest.raises(ModelError) as ei:
-        golden.check("smollm2-135m", "openai", remote=Remote(llama_like.url))
+        golden.check("smollm2-135m", "openai", extra={"base_url": llama_like.url})
     assert "MISALIGNED" in str(ei.value) and "\n" not in str(ei.value)
     assert llama_like.retried_refusals() == []
     llama_like.mark()
     with pytest.raises(SpecError, match="MISALIGNED.*--variant cot"):
         run_benchmark(RunSpec(task="gpqa", engine="openai", model="smollm2-135m", limit=2,
-                              output=str(tmp_path / "r"), remote=Remote(llama_like.url)))
+                              output=str(tmp_path / "r"), engine_options=(("base_url", llama_like.url),)))
     assert llama_like.retried_refusals() == []
 
 
