@@ -32,6 +32,9 @@ class DiffResult(_Result):
     noise_tolerance: float = 0.0
     not_checked: tuple[str, ...] = ()  # blocks a PASS
     checks_not_possible: tuple[str, ...] = ()  # said, blocks nothing
+    failing_prompts: tuple[str, ...] = ()  # ids of the prompts with a real mismatch in the main part
+    deterministic: bool | None = None  # the engine gave the same answer twice (None: not measured)
+    seconds: float = 0.0  # the command's wall time
 
 
 @dataclass(frozen=True)

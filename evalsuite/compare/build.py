@@ -49,16 +49,13 @@ def with_float32_build(spec, result: DiffResult, diff_one: Callable) -> DiffResu
         return _said(result, f"it could not be built: {e}")
     except Exception as e:  # a plugin's float32 path raised: the finished bf16 run is not lost to it
         return _said(result, f"it raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))
-    failing = [p["id"] for p in r32.details["per_prompt"] if p["real_positions"]]
     summary = {"run": True, "verdict": r32.verdict, "real_mismatches": r32.real_mismatches,
                "prompts": r32.prompts, "positions": r32.positions, "prompts_identical": r32.prompts_identical,
-               "failing_prompts": failing, "not_checked": list(r32.not_checked),
-               "deterministic": r32.details["batch_invariance"]["deterministic"],
-               "scope": MAIN_ONLY, "seconds": r32.details["seconds"]}
+               "failing_prompts": list(r32.failing_prompts), "not_checked": list(r32.not_checked),
+               "deterministic": r32.deterministic, "scope": MAIN_ONLY, "seconds": r32.seconds}
     possible = result.checks_not_possible
     if r32.verdict == "INCONCLUSIVE":  # said; the bf16 verdict did not rest on it
         possible = (*possible, f"{WHAT}: INCONCLUSIVE ({'; '.join(r32.not_checked)})")
-    seconds = round(result.details["seconds"] + summary["seconds"], 1)  # the command's: both runs
     return replace(result, verdict="FAIL" if r32.verdict == "FAIL" else result.verdict,
-                   checks_not_possible=possible,
-                   details={**result.details, "float32_build": summary, "seconds": seconds})
+                   checks_not_possible=possible, seconds=round(result.seconds + r32.seconds, 1),  # both runs
+                   details={**result.details, "float32_build": summary})

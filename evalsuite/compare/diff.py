@@ -352,7 +352,9 @@ def _verdict(run: _Run, part: dict, paths: dict, own: dict | None, t0: float,
                                       "real_mismatches", "benign_divergences", "prompts_identical",
                                       "noise_tolerance")}
     return DiffResult(**typed, not_checked=tuple(out.pop("not_checked")),
-                      checks_not_possible=tuple(out.pop("checks_not_possible")), details=out)
+                      checks_not_possible=tuple(out.pop("checks_not_possible")),
+                      failing_prompts=tuple(r["id"] for r in per_prompt if r["real_positions"]),
+                      deterministic=measured["deterministic"], seconds=out.pop("seconds"), details=out)
 
 
 def _figures(run: _Run, real: int, benign: int) -> dict:

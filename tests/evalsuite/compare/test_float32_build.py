@@ -15,14 +15,13 @@ from evalsuite.results import DiffResult
 
 
 def _bf16(verdict="PASS") -> DiffResult:
-    return DiffResult(verdict=verdict, dtype="bfloat16", prompts=2, positions=8, details={"seconds": 1.0})
+    return DiffResult(verdict=verdict, dtype="bfloat16", prompts=2, positions=8, seconds=1.0)
 
 
 def _f32(verdict, failing=()) -> DiffResult:
-    per = [{"id": "a", "real_positions": [3] if "a" in failing else []}, {"id": "b", "real_positions": []}]
     return DiffResult(verdict=verdict, dtype="float32", prompts=2, positions=8, real_mismatches=len(failing),
                       not_checked=("something",) if verdict == "INCONCLUSIVE" else (),
-                      details={"per_prompt": per, "batch_invariance": {"deterministic": True}, "seconds": 1.0})
+                      failing_prompts=tuple(failing), deterministic=True, seconds=1.0)
 
 
 def test_the_float32_builds_verdict_is_folded_in_without_removing_any_check():
