@@ -24,12 +24,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from engines.loop import batches
 from evalsuite.compare import (
     batching,
     bisect,
     build,
     coverage,
+    groups,
     invariance,
     metrics,
     recipe_check,
@@ -174,9 +174,9 @@ def _main_part(run: _Run, progress: Callable[[str], None]) -> None:
     spec, encoded, N = run.spec, run.encoded, run.spec.max_new_tokens
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][1]))  # similar lengths batch well
     run.per_prompt = [None] * len(encoded)
-    groups = [[order[k] for k in g] for g in batches([len(encoded[i][1]) for i in order], spec.batch)]
-    for bi, idx in enumerate(groups):
-        progress(f"diff: batch {bi + 1}/{len(groups)} ({len(idx)} prompts, {N} tokens)")
+    calls = [[order[k] for k in g] for g in groups.groups([len(encoded[i][1]) for i in order], spec.batch)]
+    for bi, idx in enumerate(calls):
+        progress(f"diff: batch {bi + 1}/{len(calls)} ({len(idx)} prompts, {N} tokens)")
         for r, i in enumerate(idx):
             run.group_of[i] = (idx, r)
         _main_group(run, idx)
