@@ -309,6 +309,12 @@ class Engine(abc.ABC):
     paths: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
+    def fault_catalogue(cls) -> list[dict]:
+        """One row per name in `faults` for a fault table (docs/faults.md): name, what (the faulted engine does),
+        stands_for (the real bug), shows_with (what a run needs to show it); empty where an engine says nothing."""
+        return [{"name": n, "what": "", "stands_for": "", "shows_with": ""} for n in cls.faults]
+
+    @classmethod
     @abc.abstractmethod
     def create(cls, model, options: EngineOptions) -> Engine:
         """Build the engine for a loaded model (evalsuite.models.Model: name, weights, tokenizer, config)."""

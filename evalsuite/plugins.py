@@ -116,6 +116,11 @@ def check_mesh(text: str) -> None:
     parse_mesh(text)
 
 
+def fault_catalogue(name: str) -> list[dict]:
+    """The declared engine's fault table rows (engines.base.Engine.fault_catalogue), for the docs."""
+    return engine_class(name).fault_catalogue()
+
+
 def describe() -> list[dict]:
     """For `evalsuite engines`: each declared engine, whether it loads, and what it offers."""
     rows = []

@@ -45,6 +45,7 @@ from engines.megakernel.faults import (
     FINAL_NORM_EPS_FAULT,
     LOOP_FAULTS,
     ROPE_THETA_FAULT,
+    rows,
 )
 from engines.megakernel.kernel import KernelSpec, attn_keys, decode_layers, dense_keys, moe_keys
 from engines.megakernel.prefill import prefill_hidden
@@ -187,10 +188,13 @@ class MegakernelEngine(Engine):
     max_batch = MAX_BATCH
     streams_results = True  # continuous batching (engines.stream.greedy_stream)
     faults = ENGINE_FAULTS
-
     options = ("batch_invariant",)
     paths = ("prefill_split", "refill", "refill_group", "shrink", "finish_mid_batch", "stop", "shared_prefix",
              "shared_prefix_unaligned", "multi_tile", "teacher_forced")
+
+    @classmethod
+    def fault_catalogue(cls) -> list[dict]:
+        return rows()
 
     @classmethod
     def create(cls, model, options: EngineOptions) -> MegakernelEngine:

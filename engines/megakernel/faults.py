@@ -109,9 +109,7 @@ SHOWS_WITH = {"": "any prompt", "moe": "MoE models", "batch": "batch > 1, rows a
               "bf16": "bfloat16 only", "bf16 long": "bfloat16, contexts past 256 tokens"}
 
 
-def markdown() -> str:
-    """The catalogue table in docs/faults.md, which a test keeps equal to this; `python -m evalsuite.docgen`
-    writes it there."""
-    rows = ["| fault | what the engine does | the real bug it stands for | shows with |", "| --- | --- | --- | --- |"]
-    rows += [f"| `{f.name}` | {f.what} | {f.stands_for} | {SHOWS_WITH[f.needs]} |" for f in CATALOGUE]
-    return "\n".join(rows) + "\n"
+def rows() -> list[dict]:
+    """The catalogue as the engine's fault table rows (engines.base.Engine.fault_catalogue), in its order."""
+    return [{"name": f.name, "what": f.what, "stands_for": f.stands_for, "shows_with": SHOWS_WITH[f.needs]}
+            for f in CATALOGUE]
