@@ -11,6 +11,7 @@ from engines.base import DTYPES
 from engines.errors import ModelError, UnsupportedModel
 from evalsuite.distributed import writes_files
 from evalsuite.errors import SpecError
+from evalsuite.roles import DEFAULT_ENGINE, JUDGE
 from evalsuite.verdict import exit_code
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -128,7 +129,7 @@ def engines_cmd(as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--engine", default="reference", show_default=True, help=ENGINE_HELP)
+@click.option("--engine", default=JUDGE, show_default=True, help=ENGINE_HELP)
 @click.option("--model", default=DEFAULT_MODEL, show_default=True,
               help="Registry name or a Hugging Face checkpoint directory.")
 @click.option("--prompt", default=DEFAULT_PROMPT, show_default=True, help="Prompt text.")
@@ -162,8 +163,8 @@ def _progress(msg: str) -> None:
 
 
 @main.command()
-@click.option("--engine", default="megakernel", show_default=True, help=ENGINE_HELP)
-@click.option("--against", default="reference", show_default=True, help="The judge (float32).")
+@click.option("--engine", default=DEFAULT_ENGINE, show_default=True, help=ENGINE_HELP)
+@click.option("--against", default=JUDGE, show_default=True, help="The judge (float32).")
 @click.option("--model", default=DEFAULT_MODEL, show_default=True)
 @click.option("--prompts", default="builtin", show_default=True,
               help="Built-in prompt set (builtin, quick) or a JSONL file.")
@@ -226,7 +227,7 @@ def golden_update(models_) -> None:
 
 @golden.command("check")
 @click.option("--model", "models_", multiple=True, help="Model(s); default: every model with golden settings.")
-@click.option("--engine", default="reference", show_default=True)
+@click.option("--engine", default=JUDGE, show_default=True)
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPES))
 @click.option("--fault", default=None, help=FAULT_HELP)
 @click.option("--json", "as_json", is_flag=True)
@@ -261,8 +262,8 @@ def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model,
 @click.option("--variant", default=None,
               help="gsm8k: 5shot (default), chat or cot (lm-eval's gsm8k_cot, 8 fixed exemplars); "
                    "gpqa: mc (default) or cot; sanity: gen (default) or mc.")
-@click.option("--engine", default="megakernel", show_default=True)
-@click.option("--against", default="reference", show_default=True)
+@click.option("--engine", default=DEFAULT_ENGINE, show_default=True)
+@click.option("--against", default=JUDGE, show_default=True)
 @click.option("--model", default=DEFAULT_MODEL, show_default=True)
 @click.option("--limit", default=None, type=int, help="First N items only.")
 @click.option("--data", "data", default=None, help=DATA_HELP)
@@ -323,7 +324,7 @@ def export_cmd(run_dir, output) -> None:
 
 
 @main.command()
-@click.option("--engine", default="reference", show_default=True, help=ENGINE_HELP)
+@click.option("--engine", default=JUDGE, show_default=True, help=ENGINE_HELP)
 @click.option("--model", default=DEFAULT_MODEL, show_default=True)
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPES))
 @click.option("--fault", default=None, help=FAULT_HELP)
@@ -352,7 +353,7 @@ def lm_eval_cmd(args) -> None:
 
 @main.command()
 @click.option("--model", default=DEFAULT_MODEL, show_default=True)
-@click.option("--engine", default="megakernel", show_default=True)
+@click.option("--engine", default=DEFAULT_ENGINE, show_default=True)
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPES))
 @click.option("--fault", default=None, help=FAULT_HELP)
 @click.option("--output", default="reports/verify", show_default=True)

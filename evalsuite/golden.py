@@ -24,6 +24,7 @@ from evalsuite.errors import SpecError
 from evalsuite.models import load_model
 from evalsuite.prompts import load_prompts
 from evalsuite.results import GoldenResult
+from evalsuite.roles import JUDGE
 from evalsuite.versions import versions
 
 FORMAT_VERSION = 1
@@ -72,7 +73,7 @@ def update(model_name: str, directory: Path | None = None) -> Path:
     gens = ref.generate(ids, n, top_k=TOP_K)
     doc = {
         "format_version": FORMAT_VERSION,
-        "header": {"model": model_name, "weights_sha256": model.weights.sha256, "engine": "reference",
+        "header": {"model": model_name, "weights_sha256": model.weights.sha256, "engine": JUDGE,
                    "dtype": "float32", "prompt_set": set_name, "prompt_set_sha256": pset.sha256,
                    "settings": {"max_new_tokens": n, "top_k": TOP_K, "greedy": True, "stop_ids": []},
                    "seed": 0, "seed_note": "greedy decoding makes no random choice; recorded for the format",
@@ -203,7 +204,7 @@ def _not_checked(caps, drift, scale, routing) -> list[str]:
     return out
 
 
-def check(model_name: str, engine_name: str = "reference", dtype: str = "float32", fault: str | None = None,
+def check(model_name: str, engine_name: str = JUDGE, dtype: str = "float32", fault: str | None = None,
           directory: Path | None = None, extra: dict | None = None) -> GoldenResult:
     """Any engine teacher-forced along the golden tokens and judged by the one comparator (evalsuite/compare/rule.py):
     the golden file is the judge's record (top-k), the engine gives full logits where it has them, else its top-k."""

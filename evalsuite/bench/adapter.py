@@ -23,6 +23,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from evalsuite.errors import SpecError
+from evalsuite.roles import JUDGE
 from evalsuite.stops import cut_at_stop, stop_check, visible_text
 
 DEFAULT_MAX_GEN_TOKS = 256
@@ -36,7 +37,7 @@ ADAPTER_VERSION = 4
 
 
 class EngineLM(TemplateLM):
-    engine_name = "reference"
+    engine_name = JUDGE
 
     def __init__(self, model: str = "smollm2-135m", dtype: str = "float32", fault: str | None = None,
                  max_length: int = DEFAULT_MAX_LENGTH, batch_size: int | str | None = None,

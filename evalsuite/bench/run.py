@@ -20,6 +20,7 @@ from evalsuite.bench.data import BUNDLED, FEWSHOT, TASKS_DIR, Data, check_rows, 
 from evalsuite.errors import SpecError
 from evalsuite.report import write_json
 from evalsuite.results import RunResult
+from evalsuite.roles import DEFAULT_ENGINE, JUDGE
 from evalsuite.versions import versions
 
 # task -> variant -> (lm-eval task name, YAML folder, primary filter, metric, chat template)
@@ -49,8 +50,8 @@ REPEAT_NGRAM = 4  # repetition loop: share of repeated 4-grams in a response
 class RunSpec:
     task: str
     variant: str | None = None
-    engine: str = "megakernel"
-    against: str = "reference"
+    engine: str = DEFAULT_ENGINE
+    against: str = JUDGE
     model: str = "smollm2-135m"
     limit: int | None = None
     data_dir: str | None = None
@@ -76,8 +77,8 @@ class RunSpec:
             raise SpecError(f"--margin must be in (0, 1) (a share, e.g. 0.02), got {self.margin}")
         if self.limit is not None and self.limit < 1:
             raise SpecError(f"--limit must be >= 1, got {self.limit}")
-        if self.against != "reference":
-            raise SpecError("--against: only 'reference' is supported")
+        if self.against != JUDGE:
+            raise SpecError(f"--against: only {JUDGE!r} is supported")
 
     @property
     def shard_of(self) -> tuple[int, int] | None:

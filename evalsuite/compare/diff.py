@@ -43,6 +43,7 @@ from evalsuite.models import load_model
 from evalsuite.plugins import judge, make_engine
 from evalsuite.prompts import load_prompts
 from evalsuite.results import DiffResult
+from evalsuite.roles import DEFAULT_ENGINE, JUDGE
 from evalsuite.versions import versions
 
 REQUIRABLE = ("batch-invariance",)
@@ -54,8 +55,8 @@ LACKS_TAPS = "per-layer bisection (the engine exposes no taps)"
 
 @dataclass(frozen=True)
 class DiffSpec:
-    engine: str = "megakernel"
-    against: str = "reference"
+    engine: str = DEFAULT_ENGINE
+    against: str = JUDGE
     model: str = "smollm2-135m"
     prompts: str = "builtin"
     max_new_tokens: int = 32
@@ -71,8 +72,8 @@ class DiffSpec:
     main_only: bool = False  # the float32 build of a bf16 diff: fixed batches only, the bf16 run drove the paths
 
     def __post_init__(self):
-        if self.against != "reference":
-            raise SpecError(f"--against {self.against!r}: only 'reference' (the float32 judge) is supported")
+        if self.against != JUDGE:
+            raise SpecError(f"--against {self.against!r}: only {JUDGE!r} (the float32 judge) is supported")
         if self.max_new_tokens < 1:
             raise SpecError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if not 1 <= self.batch <= 8:

@@ -113,6 +113,35 @@ def test_nothing_in_evalsuite_inspects_an_engine_and_no_module_is_over_400_lines
     assert long == []
 
 
+def test_evalsuite_reaches_engines_only_through_their_public_part_and_names_none():
+    """The engine boundary: outside the plugin loader, evalsuite imports only engines.PUBLIC modules and compares
+    no engine's name (roles.py names the judge and the default engine once)."""
+    import ast
+
+    from engines import PUBLIC
+    from evalsuite.plugins import names
+
+    imports, compared = [], []
+    for f in sorted((ROOT / "evalsuite").rglob("*.py")):
+        rel = str(f.relative_to(ROOT))
+        if rel == "evalsuite/plugins.py":
+            continue
+        tree = ast.parse(f.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "engines":
+                mods = [node.module] if node.module != "engines" else [f"engines.{a.name}" for a in node.names]
+                imports += [f"{rel}:{node.lineno} {m}" for m in mods if m.split(".")[1] not in PUBLIC]
+            elif isinstance(node, ast.Import):
+                imports += [f"{rel}:{node.lineno} {a.name}" for a in node.names
+                            if a.name.split(".")[0] == "engines" and a.name.split(".")[1:2] != [] and
+                            a.name.split(".")[1] not in PUBLIC]
+            elif isinstance(node, ast.Compare):
+                consts = [c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
+                compared += [f"{rel}:{node.lineno} {c!r}" for c in consts if c in names()]
+    assert imports == []
+    assert compared == []
+
+
 # The megakernel's Pallas bodies (one decode step of every layer) stay whole: split by stage inside, not apart.
 KERNEL_BODIES = {("engines/megakernel/kernel.py", n) for n in ("decode_layers", "kernel", "layer")}
 
