@@ -38,15 +38,7 @@ from engines.loop import (
     pad,
 )
 from engines.megakernel import ops
-from engines.megakernel.faults import (
-    ALL_FAULTS,
-    BY_NAME,
-    FAULTS,
-    FINAL_NORM_EPS_FAULT,
-    LOOP_FAULTS,
-    ROPE_THETA_FAULT,
-    rows,
-)
+from engines.megakernel.faults import ALL_FAULTS, BY_NAME, FAULTS, Knobs, knobs, rows
 from engines.megakernel.kernel import KernelSpec, attn_keys, decode_layers, dense_keys, moe_keys
 from engines.megakernel.prefill import prefill_hidden
 from engines.weights import Weights
@@ -55,7 +47,6 @@ F32 = jnp.float32
 MAX_BATCH = 8  # the kernel's rows per call (each row at its own position)
 ATTN_TILE = 128  # cache positions per online-softmax step (or all slots when fewer)
 INTERPRET_MODES = ("generic", "tpu")
-ENGINE_FAULTS = ALL_FAULTS  # the catalogue: engines/megakernel/faults.py
 KEEP_F32 = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "router", "router_bias")  # tiny, precision-critical
 # bfloat16 mode as declared to the judge: bf16 matrices and matmul inputs, f32 accumulation, and the router, the
 # residual stream and the KV cache in float32 (the norms and the router bias are float32 in every recipe)
@@ -98,9 +89,9 @@ MAX_SPECS = 6
 
 
 @lru_cache(maxsize=MAX_SPECS)
-def _programs(c, fault, fault_layer, n_buffers, interpret, batch_invariant) -> _Programs:
+def _programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant) -> _Programs:
     """One _Programs per static spec, shared by every engine built with it (weights are arguments)."""
-    return _Programs(c, fault, fault_layer, n_buffers, interpret, batch_invariant)
+    return _Programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant)
 
 
 class _Programs:
@@ -108,11 +99,11 @@ class _Programs:
     every engine with the same spec shares them and a new engine does not trace the kernel again (smollm2:
     a tiny generate + forced + score on a second engine took 6.8 s, most of it tracing)."""
 
-    def __init__(self, c, fault, fault_layer, n_buffers, interpret, batch_invariant):
-        self.config, self.fault, self.fault_layer, self.n_buffers = c, fault, fault_layer, n_buffers
+    def __init__(self, c, kn: Knobs, fault_layer, n_buffers, interpret, batch_invariant):
+        self.config, self.knobs, self.fault_layer, self.n_buffers = c, kn, fault_layer, n_buffers
         self.interpret = True if interpret == "generic" else tpu_interpret_params()
         self.batch_invariant = batch_invariant
-        self.final_eps = FINAL_NORM_EPS_FAULT if fault == "final_norm_eps" else c.rms_eps  # the decode step's
+        self.final_eps = c.rms_eps if kn.final_norm_eps is None else kn.final_norm_eps  # the decode step's
         self.jitted = {
             "_prefill": jax.jit(self._prefill_impl, static_argnames=("slots",)),
             "_extend": jax.jit(self._extend_impl, static_argnames=("slots",)),
@@ -141,9 +132,9 @@ class _Programs:
         z = logits - jnp.max(logits, axis=-1, keepdims=True)
         logp = z - jnp.log(jnp.sum(jnp.exp(z), axis=-1, keepdims=True))
         top_v, top_i = jax.lax.top_k(logp, k)
-        if self.fault == "topk_renormalized":  # log-softmax over the k ids instead of the vocabulary
+        if self.knobs.topk_renormalized:  # log-softmax over the k ids instead of the vocabulary
             top_v = top_v - jax.nn.logsumexp(top_v, axis=-1, keepdims=True)
-        if self.fault == "topk_ids_swapped" and k >= 3:  # ranks 2 and 3 carry each other's ids
+        if self.knobs.topk_ranks_swapped and k >= 3:  # ranks 2 and 3 carry each other's ids
             top_i = top_i.at[:, 1:3].set(top_i[:, 2:0:-1])
         return jnp.argmax(logits, axis=-1).astype(jnp.int32), top_i, top_v, (logits if want_logits else None)
 
@@ -166,7 +157,7 @@ class _Programs:
         window = window or slots
         # invariant: one tiling for every window (generate's windows are all multiples of MIN_WINDOW)
         tile = min(MIN_WINDOW if self.batch_invariant else ATTN_TILE, window)
-        return KernelSpec(self.config, batch, slots, tile, window, self.fault if self.fault in FAULTS else None,
+        return KernelSpec(self.config, batch, slots, tile, window, self.knobs.only("kernel"),
                           self.fault_layer, self.n_buffers, want_taps, self.interpret)
 
     def _decode_impl(self, w, ids, pos, kc, vc, want_taps=False, window=None):
@@ -182,12 +173,12 @@ class _Programs:
 
 class MegakernelEngine(Engine):
     """dtype "float32" (all f32) or "bfloat16" (bf16 weights, f32 accumulation, f32 residual
-    stream and KV cache: the TPU recipe). fault: one of kernel.FAULTS, a self-test aid."""
+    stream and KV cache: the TPU recipe). fault: one of the catalogue's (faults.py), a self-test aid."""
 
     capabilities = Capabilities(logits=True, taps=True, forced_path="decode")
     max_batch = MAX_BATCH
     streams_results = True  # continuous batching (engines.stream.greedy_stream)
-    faults = ENGINE_FAULTS
+    faults = ALL_FAULTS
     options = ("batch_invariant",)
     paths = ("prefill_split", "refill", "refill_group", "shrink", "finish_mid_batch", "stop", "shared_prefix",
              "shared_prefix_unaligned", "multi_tile", "teacher_forced")
@@ -209,8 +200,8 @@ class MegakernelEngine(Engine):
         are bitwise the same alone or batched (what vLLM's VLLM_BATCH_INVARIANT=1 promises); slower."""
         if dtype not in DTYPES:
             raise ModelError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
-        if fault is not None and fault not in ENGINE_FAULTS:
-            raise ModelError(f"unknown fault {fault!r}; expected one of {', '.join(ENGINE_FAULTS)}")
+        if fault is not None and fault not in ALL_FAULTS:
+            raise ModelError(f"unknown fault {fault!r}; expected one of {', '.join(ALL_FAULTS)}")
         if fault is not None and BY_NAME[fault].needs == "moe" and weights.config.family != "moe":
             raise ModelError(f"fault {fault} needs a MoE model; {weights.config.name} is dense")
         if interpret not in INTERPRET_MODES:
@@ -222,6 +213,7 @@ class MegakernelEngine(Engine):
         self.name = "megakernel"
         compile_cache.enable()
         self.dtype, self.fault, self.weights_sha256 = dtype, fault, weights.sha256
+        self.knobs = kn = knobs(fault)  # what the fault changes; the code below reads these, never its name
         self.recipe = BF16_RECIPE if dtype == "bfloat16" else None
         self.fault_layer = c.n_layers // 2 if fault_layer is None else fault_layer
         self.n_buffers = n_buffers
@@ -233,15 +225,15 @@ class MegakernelEngine(Engine):
         self.final_norm = jnp.asarray(weights.arrays["final_norm"][None, :], F32)
         self.rope = self._rope_tables(c.rope_theta)
         # the decode step's own tables (the prefill is never faulted)
-        self.rope_decode = self._rope_tables(c.rope_theta * ROPE_THETA_FAULT) if fault == "rope_theta" else self.rope
+        self.rope_decode = self._rope_tables(c.rope_theta * kn.rope_theta_factor) if kn.rope_theta_factor != 1.0 \
+            else self.rope
         # Weights go into the jitted functions as arguments, never as closure constants: a constant
         # is baked into every compiled shape (540 MB each for SmolLM2), which ran the machine out
         # of memory after a handful of shapes.
         self.w = {"hbm": self.hbm, "embed": self.embed, "head_t": self.head_t,
                   "final_norm": self.final_norm, "rope": self.rope, "rope_decode": self.rope_decode}
         # the host-side faults leave every jitted program as the faithful engine's, and share it
-        programs = _programs(c, None if fault in LOOP_FAULTS else fault, self.fault_layer, n_buffers, interpret,
-                             batch_invariant)
+        programs = _programs(c, kn.only("kernel", "head"), self.fault_layer, n_buffers, interpret, batch_invariant)
         self.interpret = programs.interpret  # one InterpretParams per spec, as the programs use it
         j = programs.jitted  # the jitted steps, by name (shared per spec)
         self._prefill, self._extend, self._prefix_kv = j["_prefill"], j["_extend"], j["_prefix_kv"]
@@ -307,7 +299,7 @@ class MegakernelEngine(Engine):
             ptoks = np.zeros((1, next_pow2(P, MIN_PREFILL_BUCKET)), np.int32)
             ptoks[0, :P] = prefix
             kc, vc = self._prefix_kv(self.w, jnp.asarray(ptoks))
-            keep = ptoks.shape[1] if self.fault == "prefix_padded" else P  # the fault: the bucket, not the length
+            keep = ptoks.shape[1] if self.knobs.prefix_kept_padded else P  # the fault: the bucket, not the length
             self._prefix = (prefix, (kc[:, :, :, :keep], vc[:, :, :, :keep]))
         x, kc, vc = self._extend(self.w, *self._prefix[1], jnp.asarray(tokens), jnp.asarray(lengths), slots=slots)
         return (*self._head(self.w, x, k=k, want_logits=want_logits, decode=False), (kc, vc))
@@ -323,7 +315,7 @@ class MegakernelEngine(Engine):
         return (*self._head(self.w, x, k=k, want_logits=want_logits, decode=True), (kc, vc))
 
     def _shrink_step(self, state, keep):
-        if self.fault == "shrink_wrong_rows":  # the first rows kept, not the live ones
+        if self.knobs.shrink_keeps_first:  # the first rows kept, not the live ones
             keep = np.arange(len(keep), dtype=np.int32)
         return self._gather(*state, jnp.asarray(keep))
 
@@ -332,7 +324,7 @@ class MegakernelEngine(Engine):
         if state is None:
             shape = (self.config.n_layers, batch, self.config.n_kv_heads, slots, self.config.head_dim)
             state = (jnp.zeros(shape, F32), jnp.zeros(shape, F32))
-        elif self.fault == "refill_wrong_row":  # a refill of m >= 2 rows: each gets the next prompt's cache
+        elif self.knobs.refill_shifted:  # a refill of m >= 2 rows: each gets the next prompt's cache
             m = len(np.unique(src))
             src = np.concatenate([np.roll(src[:m], -1), src[m:]]).astype(np.int32)
         return self._put(*state, *rows, jnp.asarray(where), jnp.asarray(src))
@@ -343,7 +335,7 @@ class MegakernelEngine(Engine):
                  on_result=None) -> list[Generation]:
         self._check(prompts, max_new_tokens)
         decode, shrink = self._decode_step, self._shrink_step
-        if self.fault == "stale_feedback":
+        if self.knobs.stale_feedback:
             decode, shrink = _stale_feedback(decode, shrink)
         steps = Steps(self._prefill_step, decode, self._extend_step if self.share_prefix else None,
                       self._insert_step, shrink)
@@ -382,7 +374,7 @@ class MegakernelEngine(Engine):
 
 
 def _stale_feedback(decode, shrink):
-    """The stale_feedback fault around a decode step and its batch shrink (see LOOP_FAULTS)."""
+    """The stale_feedback fault around a decode step and its batch shrink (a "loop" knob)."""
     prev: dict[str, np.ndarray] = {}
 
     def step(ids, positions, state, k, want_logits):
@@ -400,4 +392,4 @@ def _stale_feedback(decode, shrink):
     return step, shrink_rows
 
 
-__all__ = ["MegakernelEngine", "FAULTS", "ENGINE_FAULTS", "races_found", "tpu_interpret_params"]
+__all__ = ["MegakernelEngine", "FAULTS", "races_found", "tpu_interpret_params"]

@@ -8,98 +8,171 @@ shows from the first decode step on: the prefill is XLA, as on a TPU, and is nev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
+
+NORM_EPS_FAULT = 1e-6  # norm_eps: the epsilon a kernel hard-codes (Llama 2's)
+FINAL_NORM_EPS_FAULT = 1e-2  # final_norm_eps
+ROPE_THETA_FAULT = 1.01  # rope_theta: the factor on the base
+# Where a knob acts: "kernel", the decode step (the Pallas kernel, its RoPE tables and its final norm);
+# "head", the reported top-k (decode and prefill heads); "loop", the host loop (cache bookkeeping, prefix cache).
+PARTS = ("kernel", "head", "loop")
+
+
+def _knob(default, part: str):
+    return field(default=default, metadata={"part": part})
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """What a faulted engine does differently, as named settings; the defaults are the faithful engine. Derived
+    once from a fault's name (knobs()); the kernel and the host loop read knobs, never a fault's name."""
+
+    hardcoded_norm_eps: bool = _knob(False, "kernel")  # the layers' RMSNorms use NORM_EPS_FAULT
+    final_norm_eps: float | None = _knob(None, "kernel")  # the decode step's final RMSNorm epsilon
+    rope_theta_factor: float = _knob(1.0, "kernel")  # on the decode step's RoPE base
+    rope_pos_offset: int = _knob(0, "kernel")  # added to every decode-step RoPE position
+    pos_in_weights_dtype: bool = _knob(False, "kernel")  # the RoPE position rounded to the weights' dtype
+    rows_pos_swapped: bool = _knob(False, "kernel")  # rows 0 and 1 rotate with each other's positions
+    scale_dim_offset: int = _knob(0, "kernel")  # attention scale 1/sqrt(head_dim + this)
+    gqa_transposed: bool = _knob(False, "kernel")  # query head h reads KV head h % n_kv_heads
+    skip_last_tile: bool = _knob(False, "kernel")  # the window's last attention tile (of two or more) skipped
+    mask_own_slot: bool = _knob(False, "kernel")  # the causal mask also admits the row's own unwritten slot
+    mask_first_slot: bool = _knob(False, "kernel")  # the causal mask drops slot 0
+    skip_new_kv: bool = _knob(False, "kernel")  # the new token's own K/V left out of its attention
+    new_kv_in_weights_dtype: bool = _knob(False, "kernel")  # the written K/V slot rounded to the weights' dtype
+    odd_rows_write_early: bool = _knob(False, "kernel")  # odd rows write their K/V one slot early
+    wo_output_in_weights_dtype: bool = _knob(False, "kernel")  # the output projection rounded to the weights' dtype
+    split_k_when_batched: bool = _knob(False, "kernel")  # the output projection in two halves at > 1 live row
+    drop_layer: bool = _knob(False, "kernel")  # the fault layer's MLP output not added
+    gelu_mlp: bool = _knob(False, "kernel")  # tanh-GELU for SiLU in the dense MLP
+    bf16_residual: bool = _knob(False, "kernel")  # the residual rounded to bfloat16 after every layer
+    router_skip_first: bool = _knob(False, "kernel")  # the router takes ranks 2..k+1
+    moe_unnormalized: bool = _knob(False, "kernel")  # top-k routing weights not renormalised
+    expert_offset: int = _knob(0, "kernel")  # routed expert e computes with expert e + this's weights
+    topk_renormalized: bool = _knob(False, "head")  # top-k logprobs renormalised over the k ids
+    topk_ranks_swapped: bool = _knob(False, "head")  # ranks 2 and 3 carry each other's ids
+    stale_feedback: bool = _knob(False, "loop")  # each decode step fed the token of one step earlier
+    refill_shifted: bool = _knob(False, "loop")  # a refill of two or more rows: each the next prompt's cache
+    shrink_keeps_first: bool = _knob(False, "loop")  # a shrink keeps the first rows, not the live ones
+    prefix_kept_padded: bool = _knob(False, "loop")  # a shared prefix kept at its bucket's length
+
+    def set(self) -> dict:
+        """The knobs turned, by name: {} for the faithful engine."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
+    def only(self, *parts: str) -> Knobs:
+        """These knobs with those of other parts back at the faithful setting: what a program of those parts
+        is built with, so that faults elsewhere share the faithful engine's compiled programs."""
+        return replace(self, **{f.name: f.default for f in fields(self) if f.metadata["part"] not in parts})
 
 
 @dataclass(frozen=True)
 class Fault:
     name: str
+    knobs: Knobs  # what the engine does differently
     what: str  # what the faulted engine does
     stands_for: str  # the real bug
     needs: str = ""  # "" (any model, any prompt), "moe", "batch" (rows at different positions), "tiles" (>128 ctx)
-    where: str = "kernel"  # "kernel" (KernelSpec.fault), "loop" (the host loop, cache bookkeeping, prefix cache),
-    # "head" (the decode and prefill heads' reported top-k)
+
+    @property
+    def where(self) -> str:
+        """The part (PARTS) its knobs act in."""
+        parts = {f.metadata["part"] for f in fields(Knobs) if f.name in self.knobs.set()}
+        return next(iter(parts))
 
 
 CATALOGUE = tuple(Fault(*f) for f in (
-    ("rope_off_by_one", "RoPE rotates every decode-step query and key by position + 1",
+    ("rope_off_by_one", Knobs(rope_pos_offset=1), "RoPE rotates every decode-step query and key by position + 1",
      "a position counter advanced before instead of after the step (seen in hand-written decode loops)"),
-    ("kv_stale", "the new token's own K/V is left out of its attention",
+    ("kv_stale", Knobs(skip_new_kv=True), "the new token's own K/V is left out of its attention",
      "the cache append ordered after the attention read: the step attends to the cache as it was"),
-    ("drop_layer", "one layer's MLP output is not added to the residual stream (layer n_layers // 2)",
+    ("drop_layer", Knobs(drop_layer=True),
+     "one layer's MLP output is not added to the residual stream (layer n_layers // 2)",
      "a layer loop whose bounds or buffer-slot parity skips one layer's work"),
-    ("bf16_residual", "the residual stream is rounded to bfloat16 after every layer",
+    ("bf16_residual", Knobs(bf16_residual=True), "the residual stream is rounded to bfloat16 after every layer",
      "a residual kept in the weights' dtype instead of float32 (a recipe bug: small error everywhere)"),
-    ("router_second_choice", "the MoE router takes ranks 2..k+1 instead of 1..k",
+    ("router_second_choice", Knobs(router_skip_first=True), "the MoE router takes ranks 2..k+1 instead of 1..k",
      "an off-by-one in a hand-written top-k selection", "moe"),
-    ("attn_scale", "attention scores scaled by 1/sqrt(head_dim + 1)",
+    ("attn_scale", Knobs(scale_dim_offset=1), "attention scores scaled by 1/sqrt(head_dim + 1)",
      "the softmax scale computed from the wrong config field or an off-by-one head size"),
-    ("rope_theta", "the decode step's RoPE base is 1% too large",
+    ("rope_theta", Knobs(rope_theta_factor=ROPE_THETA_FAULT), "the decode step's RoPE base is 1% too large",
      "a RoPE base rounded or read from the wrong field (invisible at short positions: MaxText checks long "
      "prompts for this reason)"),
-    ("norm_eps", "the layers' RMSNorms use epsilon 1e-6 where the model says otherwise (SmolLM2: 1e-5)",
+    ("norm_eps", Knobs(hardcoded_norm_eps=True),
+     "the layers' RMSNorms use epsilon 1e-6 where the model says otherwise (SmolLM2: 1e-5)",
      "an epsilon hard-coded in the kernel instead of read from the config"),
-    ("final_norm_eps", "the decode step's final RMSNorm uses epsilon 1e-2",
+    ("final_norm_eps", Knobs(final_norm_eps=FINAL_NORM_EPS_FAULT), "the decode step's final RMSNorm uses epsilon 1e-2",
      "the final norm's epsilon read from the wrong config field (here a value 1,000x the model's)"),
-    ("mask_own_slot", "a row also attends to its own not-yet-written cache slot (mask <= instead of <)",
+    ("mask_own_slot", Knobs(mask_own_slot=True),
+     "a row also attends to its own not-yet-written cache slot (mask <= instead of <)",
      "causal mask off by one: the slot holds zeros, or a previous request's K/V under continuous batching"),
-    ("mask_drop_first", "the cache's slot 0 is masked out",
+    ("mask_drop_first", Knobs(mask_first_slot=True), "the cache's slot 0 is masked out",
      "causal mask off by one at the other end: drops the first token (often the attention sink)"),
-    ("kv_wrong_slot", "odd batch rows write their new K/V one slot too early (over the previous token's)",
+    ("kv_wrong_slot", Knobs(odd_rows_write_early=True),
+     "odd batch rows write their new K/V one slot too early (over the previous token's)",
      "a per-row write-back offset computed from the wrong row's length (only batch > 1 shows it)", "batch"),
-    ("gqa_transposed", "query head h reads KV head h % n_kv_heads instead of h // group",
+    ("gqa_transposed", Knobs(gqa_transposed=True), "query head h reads KV head h % n_kv_heads instead of h // group",
      "the GQA head-to-KV-group mapping transposed (a reshape in the wrong order)"),
-    ("gelu_mlp", "the dense MLP's SiLU is replaced by tanh-GELU",
+    ("gelu_mlp", Knobs(gelu_mlp=True), "the dense MLP's SiLU is replaced by tanh-GELU",
      "an activation copied from another family's kernel (GeGLU for SwiGLU)"),
-    ("skip_last_tile", "the last attention tile of the cache window is skipped (when there are two or more)",
+    ("skip_last_tile", Knobs(skip_last_tile=True),
+     "the last attention tile of the cache window is skipped (when there are two or more)",
      "a tile loop bound of n_tiles - 1, or a remainder tile dropped: only contexts past 128 tokens show it",
      "tiles"),
-    ("moe_unnormalized", "the top-k routing weights are not renormalised to sum to 1",
+    ("moe_unnormalized", Knobs(moe_unnormalized=True), "the top-k routing weights are not renormalised to sum to 1",
      "a config flag (norm_topk_prob) ignored by the fused MoE", "moe"),
-    ("expert_off_by_one", "routed expert e computes with expert e + 1's weights",
+    ("expert_off_by_one", Knobs(expert_offset=1), "routed expert e computes with expert e + 1's weights",
      "an off-by-one in the expert weight slice (a stacked-expert offset)", "moe"),
-    ("rows_pos_swapped", "batch rows 0 and 1 rotate RoPE with each other's positions",
+    ("rows_pos_swapped", Knobs(rows_pos_swapped=True), "batch rows 0 and 1 rotate RoPE with each other's positions",
      "per-row position metadata gathered with the wrong index (only batch > 1 at unequal positions shows it)",
      "batch"),
-    ("batch_variant", "the output projection is summed in two halves when more than one row is live",
+    ("batch_variant", Knobs(split_k_when_batched=True),
+     "the output projection is summed in two halves when more than one row is live",
      "a split-K heuristic chosen by batch size: results depend on the batch (what batch-invariant modes "
      "forbid); differs from batch 1 only in the last bits", "batch"),
-    ("stale_feedback", "from the second decode step on, each row is fed the token sampled one step earlier",
+    ("stale_feedback", Knobs(stale_feedback=True),
+     "from the second decode step on, each row is fed the token sampled one step earlier",
      "a host generation loop that reads the previous step's output buffer (generate() only: teacher-forced "
-     "paths feed given tokens)", "", "loop"),
-    ("refill_wrong_row", "rows refilled into a live batch two or more at once each get the cache of the next "
+     "paths feed given tokens)", ""),
+    ("refill_wrong_row", Knobs(refill_shifted=True),
+     "rows refilled into a live batch two or more at once each get the cache of the next "
      "prompt of their prefill call",
      "a scatter of freshly prefilled rows indexed by the wrong list (continuous batching; one refilled row at a "
-     "time, or the first admission, is right)", "refill", "loop"),
-    ("shrink_wrong_rows", "when the batch shrinks, the cache keeps its first rows instead of the live ones",
+     "time, or the first admission, is right)", "refill"),
+    ("shrink_wrong_rows", Knobs(shrink_keeps_first=True),
+     "when the batch shrinks, the cache keeps its first rows instead of the live ones",
      "a shrink that slices the first B rows where it must gather the live ones (right whenever the live rows "
-     "happen to be the first)", "shrink", "loop"),
-    ("prefix_padded", "a prompt prefix every row shares is kept at its padded (power-of-two) length",
+     "happen to be the first)", "shrink"),
+    ("prefix_padded", Knobs(prefix_kept_padded=True),
+     "a prompt prefix every row shares is kept at its padded (power-of-two) length",
      "a cached prefix sliced to its bucket instead of its length: the rows' own tokens land at shifted "
-     "positions (invisible when the prefix length is a power of two)", "prefix", "loop"),
-    ("mm_bf16_out", "the attention output projection's matmul result is left in the weights' dtype",
+     "positions (invisible when the prefix length is a power of two)", "prefix"),
+    ("mm_bf16_out", Knobs(wo_output_in_weights_dtype=True),
+     "the attention output projection's matmul result is left in the weights' dtype",
      "a matmul without an f32 accumulation/output type (a no-op in float32; one extra rounding in bf16)", "bf16"),
-    ("kv_bf16_slot", "the decode step's new K/V slot is rounded to the weights' dtype before it is written",
+    ("kv_bf16_slot", Knobs(new_kv_in_weights_dtype=True),
+     "the decode step's new K/V slot is rounded to the weights' dtype before it is written",
      "a cache write cast to the activation dtype in a recipe that keeps the cache in f32 (a no-op in float32)",
      "bf16"),
-    ("pos_weights_dtype", "the decode step's RoPE position is rounded to the weights' dtype",
+    ("pos_weights_dtype", Knobs(pos_in_weights_dtype=True),
+     "the decode step's RoPE position is rounded to the weights' dtype",
      "a position vector cast with the activations (bf16 holds integers exactly only up to 256)", "bf16 long"),
-    ("topk_renormalized", "the reported top-k logprobs are renormalised over the k ids",
-     "a server that returns top-k log-softmax over the top-k instead of the vocabulary (generate() only)", "",
-     "head"),
-    ("topk_ids_swapped", "ranks 2 and 3 of the reported top-k carry each other's ids",
+    ("topk_renormalized", Knobs(topk_renormalized=True), "the reported top-k logprobs are renormalised over the k ids",
+     "a server that returns top-k log-softmax over the top-k instead of the vocabulary (generate() only)"),
+    ("topk_ids_swapped", Knobs(topk_ranks_swapped=True), "ranks 2 and 3 of the reported top-k carry each other's ids",
      "top-k ids and values gathered through two different sorts (generate() only: the token and rank 1 are "
-     "right)", "", "head"),
+     "right)"),
 ))
 
 BY_NAME = {f.name: f for f in CATALOGUE}
-FAULTS = tuple(f.name for f in CATALOGUE if f.where == "kernel")  # the names KernelSpec.fault takes
-LOOP_FAULTS = tuple(f.name for f in CATALOGUE if f.where == "loop")
-HEAD_FAULTS = tuple(f.name for f in CATALOGUE if f.where == "head")
-ALL_FAULTS = tuple(f.name for f in CATALOGUE)  # the catalogue's order
-NORM_EPS_FAULT = 1e-6  # norm_eps: the epsilon a kernel hard-codes (Llama 2's)
-FINAL_NORM_EPS_FAULT = 1e-2  # final_norm_eps
-ROPE_THETA_FAULT = 1.01  # rope_theta: the factor on the base
+ALL_FAULTS = tuple(f.name for f in CATALOGUE)  # the catalogue's order: the names the engine accepts
+FAULTS = tuple(f.name for f in CATALOGUE if f.where == "kernel")  # those of the decode step
+
+
+def knobs(fault: str | None) -> Knobs:
+    """The knobs of a fault by name (None: the faithful engine's)."""
+    return Knobs() if fault is None else BY_NAME[fault].knobs
+
 
 SHOWS_WITH = {"": "any prompt", "moe": "MoE models", "batch": "batch > 1, rows at different positions",
               "tiles": "contexts past 128 tokens",

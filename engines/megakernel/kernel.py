@@ -30,7 +30,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from engines.config import Config
 from engines.megakernel import ops
-from engines.megakernel.faults import NORM_EPS_FAULT
+from engines.megakernel.faults import NORM_EPS_FAULT, Knobs
 
 F32 = jnp.float32
 
@@ -71,7 +71,7 @@ class KernelSpec:
     slots: int  # KV cache positions per row
     tile: int  # attention tile (cache positions per online-softmax step); divides window
     window: int = 0  # cache positions each layer reads (every row's position is below it); 0: all slots
-    fault: str | None = None  # one of faults.FAULTS (a self-test aid)
+    knobs: Knobs = Knobs()  # a fault's decode-step knobs (a self-test aid; the defaults: faithful)
     fault_layer: int = 0  # the layer drop_layer skips
     n_buffers: int = 2  # weight buffers; 1 exists only as the race detector's negative control
     want_taps: bool = False
@@ -93,10 +93,10 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     ak, dk, mk = attn_keys(c), dense_keys(c), moe_keys(c)
     streamed = ak + dk + mk
     assert S % TS == 0 and S <= spec.slots and 1 <= nb <= 2
-    f = spec.fault  # the faults (engines/megakernel/faults.py): each one expression below
-    eps = (NORM_EPS_FAULT if c.rms_eps != NORM_EPS_FAULT else 1e-5) if f == "norm_eps" else c.rms_eps
-    n_tiles = S // TS - (1 if f == "skip_last_tile" and S // TS > 1 else 0)
-    gqa_t = f == "gqa_transposed"  # query head h reads kv head h % K instead of h // G
+    kn = spec.knobs  # the faults' knobs (engines/megakernel/faults.py): each one expression below
+    eps = (NORM_EPS_FAULT if c.rms_eps != NORM_EPS_FAULT else 1e-5) if kn.hardcoded_norm_eps else c.rms_eps
+    n_tiles = S // TS - (1 if kn.skip_last_tile and S // TS > 1 else 0)
+    gqa_t = kn.gqa_transposed  # query head h reads kv head h % K instead of h // G
 
     def kernel(*refs):
         pos_s, x_in, pos_v, perm_q, freq_q, perm_k, freq_k = refs[:7]
@@ -131,7 +131,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
         start(ak, 0, 0)
         start(dk if Ld else mk, 0, 0)
         x_out[...] = x_in[...]
-        scale = 1.0 / ((hd + (f == "attn_scale")) ** 0.5)
+        scale = 1.0 / ((hd + kn.scale_dim_offset) ** 0.5)
 
         def layer(l, s):
             """Layer l (traced) whose weights sit in buffer slot s (static: l % nb)."""
@@ -159,10 +159,10 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             if c.qk_norm:
                 q = ops.rmsnorm(q.reshape(B * H, hd), b_["q_norm"][...], eps).reshape(B, H * hd)
                 k = ops.rmsnorm(k.reshape(B * K, hd), b_["k_norm"][...], eps).reshape(B, K * hd)
-            rpos = pos_v[...] + (1 if f == "rope_off_by_one" else 0)  # [B, 1]
-            if f == "pos_weights_dtype":  # the position cast with the activations (exact in f32; bf16 to 256)
+            rpos = pos_v[...] + kn.rope_pos_offset  # [B, 1]
+            if kn.pos_in_weights_dtype:  # the position cast with the activations (exact in f32; bf16 to 256)
                 rpos = ops.round_to(rpos.astype(F32), b_["wq"].dtype).astype(jnp.int32)
-            if f == "rows_pos_swapped" and B > 1:
+            if kn.rows_pos_swapped and B > 1:
                 rpos = jnp.concatenate([rpos[1:2], rpos[0:1], rpos[2:]], axis=0)
             q = ops.rope(q, rpos, perm_q[...], freq_q[...])
             k = ops.rope(k, rpos, perm_k[...], freq_k[...])
@@ -173,7 +173,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             # last term of the online softmax (the cache tiles cover positions < p only), so the
             # VMEM copy of the cache is never written.
             wdt = b_["wk"].dtype  # kv_bf16_slot: the written slot rounded to the weights' dtype (a no-op in f32)
-            rounded = (lambda a: ops.round_to(a, wdt)) if f == "kv_bf16_slot" else (lambda a: a)
+            rounded = (lambda a: ops.round_to(a, wdt)) if kn.new_kv_in_weights_dtype else (lambda a: a)
             newk[pl.ds(l, 1)] = rounded(k).reshape(1, B, K, 1, hd)
             newv[pl.ds(l, 1)] = rounded(v).reshape(1, B, K, 1, hd)
             # Attention for all rows and kv heads at once, n = B*K groups of G query heads,
@@ -190,27 +190,27 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 vt = vbuf[:, :, pl.ds(t * TS, TS), :].reshape(B * K, TS, hd)
                 sc = jnp.einsum("nqd,nkd->nqk", qg, kt, preferred_element_type=F32)  # [n, G, TS]
                 col = t * TS + jax.lax.broadcasted_iota(jnp.int32, (B * K, G, TS), 2)
-                seen = (col <= row_pos) if f == "mask_own_slot" else (col < row_pos)
-                seen = (seen & (col > 0)) if f == "mask_drop_first" else seen
+                seen = (col <= row_pos) if kn.mask_own_slot else (col < row_pos)
+                seen = (seen & (col > 0)) if kn.mask_first_slot else seen
                 mla = online_softmax_step(mla, jnp.where(seen, sc, -jnp.inf), vt)
-            if f != "kv_stale":  # the fault: the newest entry is never attended to
-                kn = k.reshape(B * K, 1, hd)
-                sc = jnp.einsum("nqd,nkd->nqk", qg, kn, preferred_element_type=F32)  # [n, G, 1]
+            if not kn.skip_new_kv:  # the fault: the newest entry is never attended to
+                k_new = k.reshape(B * K, 1, hd)
+                sc = jnp.einsum("nqd,nkd->nqk", qg, k_new, preferred_element_type=F32)  # [n, G, 1]
                 mla = online_softmax_step(mla, sc, v.reshape(B * K, 1, hd))
             _, lsum, acc = mla
             out = jnp.where(lsum > 0, acc / jnp.maximum(lsum, 1e-30), 0.0)  # [n, G, hd]
             attn_buf[...] = (out.reshape(B, K, G, hd).transpose(0, 2, 1, 3) if gqa_t else out).reshape(B, H * hd)
-            if f == "mm_bf16_out":  # no f32 output type: the product is rounded to the weights' dtype
+            if kn.wo_output_in_weights_dtype:  # no f32 output type: the product is rounded to the weights' dtype
                 o = ops.round_to(ops.mm(attn_buf[...], b_["wo"][...]), b_["wo"].dtype)
             else:
                 o = ops.mm(attn_buf[...], b_["wo"][...])
-            if f == "batch_variant":  # split-K when more than one row is live (a free row sits at position 0)
+            if kn.split_k_when_batched:  # split-K when more than one row is live (a free row sits at position 0)
                 half, wo = H * hd // 2, b_["wo"][...]
                 split = ops.mm(attn_buf[:, :half], wo[:half]) + ops.mm(attn_buf[:, half:], wo[half:])
                 o = jnp.where(jnp.sum(pos_v[...] > 0) > 1, split, o)
             x = x + o
             h = ops.rmsnorm(x, b_["mlp_norm"][...], eps)
-            keep = (l != spec.fault_layer) if f == "drop_layer" else True
+            keep = (l != spec.fault_layer) if kn.drop_layer else True
 
             @pl.when(l + 1 < Ld)
             def _():
@@ -225,7 +225,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 @pl.when(l < Ld)
                 def _():
                     wait(dk, l, s)
-                    y = ops.swiglu(h, b_["gate"][...], b_["up"][...], b_["down"][...], gelu=f == "gelu_mlp")
+                    y = ops.swiglu(h, b_["gate"][...], b_["up"][...], b_["down"][...], gelu=kn.gelu_mlp)
                     x_out[...] = x + jnp.where(keep, y, 0.0)
 
             if Lm:
@@ -234,18 +234,18 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                     wait(mk, l - Ld, s)
                     logits = jnp.dot(h, b_["router"][...], preferred_element_type=F32)  # [B, E]
                     gates = ops.pick_experts(logits, b_["router_bias"][...], router=c.router,
-                                             top_k=c.top_k, norm_topk=c.norm_topk and f != "moe_unnormalized",
-                                             scale=c.routed_scale, skip_first=f == "router_second_choice")
+                                             top_k=c.top_k, norm_topk=c.norm_topk and not kn.moe_unnormalized,
+                                             scale=c.routed_scale, skip_first=kn.router_skip_first)
                     y = jnp.zeros((B, D), F32)
                     for e in range(c.n_experts):
-                        we = (e + 1) % c.n_experts if f == "expert_off_by_one" else e  # the weight slice
+                        we = (e + kn.expert_offset) % c.n_experts  # the weight slice
                         y = y + gates[:, e:e + 1] * ops.swiglu(h, b_["e_gate"][we], b_["e_up"][we],
                                                                b_["e_down"][we])
                     if c.n_shared_experts:
                         y = y + ops.swiglu(h, b_["s_gate"][...], b_["s_up"][...], b_["s_down"][...])
                     x_out[...] = x + jnp.where(keep, y, 0.0)
 
-            if f == "bf16_residual":
+            if kn.bf16_residual:
                 x_out[...] = x_out[...].astype(jnp.bfloat16).astype(F32)
             if spec.want_taps:
                 taps_out[pl.ds(l, 1), :, :] = x_out[...][None]
@@ -272,7 +272,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
         write_back = []
         for b in range(B):
             for j, (src, dst) in enumerate(((newk, kc_out), (newv, vc_out))):
-                slot = pos_s[b] - (1 if f == "kv_wrong_slot" and b % 2 else 0)  # odd rows: one slot early
+                slot = pos_s[b] - (1 if kn.odd_rows_write_early and b % 2 else 0)  # odd rows: one slot early
                 cp = pltpu.make_async_copy(src.at[:, b], dst.at[:, b, :, pl.ds(slot, 1), :], sem_wb.at[j, b])
                 cp.start()
                 write_back.append(cp)

@@ -120,9 +120,9 @@ def test_faithful_mini_moe_passes_and_bisection_absent():
     assert r["verdict"] == "PASS" and r["bisection"] is None
 
 
-# The faults of the engine's batching and reporting paths (engines/megakernel/faults.py LOOP_FAULTS, HEAD_FAULTS),
-# through `diff` with its default settings on smollm2 (CI: test_batching drives them on mini-llama, and the CLI
-# test below FAILs refill_wrong_row through `diff`)
+# The faults of the engine's batching and reporting paths (engines/megakernel/faults.py: knobs of the "loop" and
+# "head" parts), through `diff` with its default settings on smollm2 (CI: test_batching drives them on mini-llama,
+# and the CLI test below FAILs refill_wrong_row through `diff`)
 @pytest.mark.heavy
 @pytest.mark.parametrize("fault", ["refill_wrong_row", "shrink_wrong_rows", "prefix_padded", "topk_renormalized",
                                    "topk_ids_swapped"])
