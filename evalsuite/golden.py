@@ -17,7 +17,7 @@ import numpy as np
 
 from engines.base import Forced
 from evalsuite import distributed
-from evalsuite.compare import rule
+from evalsuite.compare import coverage, rule
 from evalsuite.compare.routing import routing_margins, routing_ties
 from evalsuite.compare.rule import Tolerances, compare_prompt
 from evalsuite.errors import SpecError
@@ -204,6 +204,10 @@ def _not_checked(caps, drift, scale, routing) -> list[str]:
     return out
 
 
+SCOPE = ("teacher-forced along the golden tokens: the engine's free-running decode and its batching paths "
+         "(refill, shrink, stop, shared prefix) are not judged here; `evalsuite diff` drives and judges them")
+
+
 def check(model_name: str, engine_name: str = JUDGE, dtype: str = "float32", fault: str | None = None,
           directory: Path | None = None, extra: dict | None = None) -> GoldenResult:
     """Any engine teacher-forced along the golden tokens and judged by the one comparator (evalsuite/compare/rule.py):
@@ -238,6 +242,9 @@ def check(model_name: str, engine_name: str = JUDGE, dtype: str = "float32", fau
                            f"|Δlogprob| of the golden token and the engine's top-1 (teacher-forced by its "
                            f"{caps.forced_path} path); other top-5 logprobs not available"),
                "engine_capabilities": caps.report(),
+               # what a golden PASS covers: teacher-forced positions only, so the engine's free-running and
+               # batching paths (refill, shrink, stop, shared prefix) are said, not judged (`diff` drives them)
+               "scope": SCOPE, "paths": coverage.report(eng),
                **({"routing": {k: v for k, v in routing.items() if k != "tied"}} if routing else {}),
                **({"bf16_drift": drift, "bf16_logit_scale": scale} if drift else {})}
     problems = _problems(summary, mismatches, drift, scale, regen)

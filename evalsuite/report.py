@@ -271,7 +271,9 @@ def diff_slim(r: dict) -> dict:
 
 
 def golden_text(results: dict) -> str:
-    """`evalsuite golden check`: per model its verdict, figures, problems and what was not checked."""
+    """`evalsuite golden check`: per model its verdict, figures, problems, what was not checked and what it covers."""
+    from evalsuite.compare import coverage
+
     lines = []
     for m, r in results.items():
         s = r["summary"]
@@ -281,6 +283,9 @@ def golden_text(results: dict) -> str:
         lines += [f"  not checked: {n}" for n in r["not_checked"]]
         if s and s.get("measure"):
             lines.append(f"  measure: {s['measure']}")
+        if s and s.get("scope"):
+            lines.append(f"  covers: {s['scope']}")
+            lines.append(f"  engine paths: {coverage.text(s['paths'])}")
     return "\n".join(lines)
 
 

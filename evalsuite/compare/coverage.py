@@ -19,7 +19,7 @@ def report(eng) -> dict:
     if log is None or not declared:
         return {"reported": False, "declared": list(declared),
                 "why": f"engine {eng.name} reports no code paths: which of its paths (refill, shrink, split prefill, "
-                       "shared prefix, tiles) the run drove is unknown; the batching part still sent them"}
+                       "shared prefix, tiles) the run drove is unknown"}
     snap = log.snapshot()
     exercised = {p: snap["counts"][p] for p in declared if snap["counts"].get(p)}
     missing = [p for p in declared if p not in exercised]

@@ -275,7 +275,8 @@ def _diff_one(spec: DiffSpec, progress: Callable[[str], None]) -> DiffResult:
     paths = coverage.report(run.eng)
     (run.checks_not_possible if spec.main_only else run.not_checked).extend(coverage.blocking(paths))
     if not paths["reported"]:
-        run.checks_not_possible.append(paths["why"])
+        sent = "; the batching part still sent them" if part.get("run") else ""
+        run.checks_not_possible.append(paths["why"] + sent)
     if not spec.batching and not spec.main_only:
         run.not_checked.append(f"batching part: {part['why']}")
     own = recipe_check.check(run.eng, run.model, [(p.id, ids) for p, ids in run.encoded],

@@ -123,3 +123,18 @@ def test_bf16_residual_fails_the_bf16_golden_check_on_smollm2():
     the drift check measured 1.34 (faithful megakernel 0.95, bound 1.3). 2 min."""
     r = golden.check("smollm2-135m", "megakernel", dtype="bfloat16", fault="bf16_residual")
     assert r.verdict == "FAIL" and not r.summary["bf16_drift"]["ok"], r.summary["bf16_drift"]
+
+
+def test_a_golden_pass_says_what_it_covers_and_which_engine_paths_it_ran():
+    """Teacher-forced only: a refill bug passes the golden check (diff's batching part catches it), so the check
+    says so, with the engine paths it drove and those it did not."""
+    from evalsuite.golden import SCOPE, check
+    from evalsuite.report import golden_text
+
+    r = check("mini-llama", "megakernel", fault="refill_wrong_row")
+    assert r.verdict == "PASS"  # not this check's to see
+    paths = r.summary["paths"]
+    assert r.summary["scope"] == SCOPE and "teacher_forced" in paths["exercised"]
+    assert {"refill", "shrink", "stop"} <= set(paths["not_exercised"])
+    text = golden_text({"mini-llama": r.to_json()})
+    assert "covers: teacher-forced" in text and "NOT exercised: " in text and "refill" in text
