@@ -43,6 +43,7 @@ TABLES = (
     Table("detection-accuracy-gpqa", "docs/faults.md", detection_accuracy("gpqa")),
     Table("detection-accuracy-gsm8k", "docs/faults.md", detection_accuracy("gsm8k")),
     Table("false-alarms", "docs/faults.md", false_alarms),
+    Table("false-alarms-partial", "docs/faults.md", lambda root: false_alarms(root, f"{RESULTS}/partial")),
     Table("noise-floor-varied", "docs/calibration.md", noise_floor),
     Table("recipe-check", "docs/calibration.md", recipe_check("calibrate-recipe")),
     Table("recipe-check-spread", "docs/calibration.md", recipe_check("calibrate-recipe-spread")),

@@ -157,20 +157,21 @@ def _false_alarm_row(label: str, s: dict, chunks: list[dict]) -> list[str]:
             _num(s.get("peak_rss_gb"), "{} GB")]
 
 
-def false_alarms(root: Path) -> str:
-    """Every false-alarm run in benchmarks/results/, one row per mode (in-process, served)."""
-    paths = sorted((root / RESULTS).glob("false-alarms-*.json"), key=lambda p: (len(p.stem), p.stem))  # plain first
+def false_alarms(root: Path, folder: str = RESULTS) -> str:
+    """Every false-alarm run in the folder (benchmarks/results/, or its partial/ for runs still under way), one row
+    per mode (in-process, served)."""
+    paths = sorted((root / folder).glob("false-alarms-*.json"), key=lambda p: (len(p.stem), p.stem))  # plain first
     rows, rels = [], []
     for path in paths:
         doc = json.loads(path.read_text("utf-8"))
         dtype = _get(doc, "settings", "dtype", default=MISSING)
         tail = path.stem.removeprefix(f"false-alarms-{dtype}").strip("-").replace("-", " ")
-        rels.append(f"{RESULTS}/{path.name}")
+        rels.append(f"{folder}/{path.name}")
         for mode, s in (doc.get("summary") or {}).items():
             chunks = [c for c in (doc.get("chunks") or {}).values() if c.get("mode") == mode]
             rows.append(_false_alarm_row(", ".join(x for x in (dtype, mode, tail) if x), s, chunks))
     if not rows:
-        return _absent(f"{RESULTS}/false-alarms-*.json")
+        return _absent(f"{folder}/false-alarms-*.json")
     head = ["run", "prompts", "flagged", "95% upper, rule of three", "exact 97.5% (Clopper-Pearson)",
             "flagged when first judged", "chunks re-judged", "verdicts", "wall, summed", "wall per chunk",
             "peak RSS"]
