@@ -141,10 +141,11 @@ class OpenAIEngine(Engine):
         self.tokenize_route, f["tokenize"] = probe.probe_tokenize(self)
         if "differently" in f["tokenize"].detail:
             self.notes.append("the server's tokenizer differs from --model's: token ids are not comparable")
-        probe.probe_prompts(self, f)
+        self.token_prompts = probe.probe_token_prompts(self, f)  # before the probes that send prompts
+        self.batched, self.ignore_eos, self.sampling = probe.probe_request_fields(self, f)
         canary = probe.probe_generation(self, f)
-        probe.probe_echo(self, f, canary)
-        probe.probe_extras(self, f, canary, info)
+        self.echo_path, self.echo_misaligned = probe.probe_echo(self, f, canary)
+        self.max_context = probe.probe_extras(self, f, canary, info)
         if self.max_context:
             self.config = _with_context(self.config, min(self.config.max_context, self.max_context))
         if not self.token_prompts and self.tokenize_route is None:

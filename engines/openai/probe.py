@@ -90,28 +90,42 @@ def _try(eng, body) -> tuple[dict | None, str]:
         return None, str(e).split(": ", 1)[-1]
 
 
-def probe_prompts(eng, f: dict) -> None:
-    ids = eng.tok.encode("The probe") if eng.tok else [1, 2]
-    r, why = _try(eng, {"prompt": ids, "max_tokens": 1})
+PROBE_TEXT = "The probe"
+
+
+def _probe_ids(eng) -> list[int]:
+    return eng.tok.encode(PROBE_TEXT) if eng.tok else [1, 2]
+
+
+def probe_token_prompts(eng, f: dict) -> bool:
+    """Whether the server takes token-id prompts (else prompts go as text)."""
+    r, why = _try(eng, {"prompt": _probe_ids(eng), "max_tokens": 1})
     f["token_prompts"] = Finding(r is not None, "token-id prompts accepted" if r is not None else
                                  f"token-id prompts refused ({why}): prompts are sent as text")
-    eng.token_prompts = r is not None
+    return r is not None
+
+
+def probe_request_fields(eng, f: dict) -> tuple[bool, bool, dict]:
+    """(several prompts per request, ignore_eos accepted, the sampling fields pinned neutral), in the prompt
+    form the client already chose."""
+    ids = _probe_ids(eng)
     two = [eng.wire_prompt(ids), eng.wire_prompt(ids[:1])]
     r, why = _try(eng, {"prompt": two, "max_tokens": 1})
     ok = r is not None and len(r.get("choices") or []) == 2
     f["batched_prompts"] = Finding(ok, "several prompts per request" if ok else
                                    f"one prompt per request ({why or 'the reply had the wrong number of choices'})")
-    eng.batched = ok
+    batched = ok
     r, why = _try(eng, {"prompt": eng.wire_prompt(ids), "max_tokens": 1, "ignore_eos": True})
-    eng.ignore_eos = r is not None
+    ignore_eos = r is not None
     f["ignore_eos"] = Finding(r is not None, "ignore_eos accepted (if not honoured, generations end at end-of-turn)"
                               if r is not None
                               else f"ignore_eos refused ({why}): generations end at the end-of-turn token")
     r, why = _try(eng, {"prompt": eng.wire_prompt(ids), "max_tokens": 1, **NEUTRAL_SAMPLING})
-    eng.sampling = dict(NEUTRAL_SAMPLING) if r is not None else {"frequency_penalty": 0.0, "presence_penalty": 0.0}
+    sampling = dict(NEUTRAL_SAMPLING) if r is not None else {"frequency_penalty": 0.0, "presence_penalty": 0.0}
     f["neutral_sampling"] = Finding(r is not None, ("penalties pinned neutral: " + ", ".join(NEUTRAL_SAMPLING))
                                     if r is not None else f"server-specific penalty fields refused ({why}); "
                                     "only frequency/presence_penalty pinned to 0")
+    return batched, ignore_eos, sampling
 
 
 def probe_generation(eng, f: dict) -> dict:
@@ -144,7 +158,8 @@ def probe_generation(eng, f: dict) -> dict:
             "exact": usable}
 
 
-def probe_echo(eng, f: dict, canary: dict) -> None:
+def probe_echo(eng, f: dict, canary: dict) -> tuple[str | None, bool]:
+    """(the path the server says echo logprobs come from, whether they sit one position off)."""
     p, ids = canary["prompt"], canary["ids"][:canary["exact"]]
     seq = list(p) + list(ids)
     try:
@@ -160,17 +175,17 @@ def probe_echo(eng, f: dict, canary: dict) -> None:
     f["echo_logprobs"] = Finding(present, "echo=True returns prompt logprobs" if present else
                                  f"no prompt logprobs with echo=True ({why or 'none in the reply'})")
     ext = (r or {}).get("evalsuite") if isinstance((r or {}).get("evalsuite"), dict) else {}
-    eng.echo_path = ext.get("echo_path") if present else None
-    f["echo_path"] = Finding((eng.echo_path == "decode") if present and eng.echo_path else None,
-                             f"the server says echo logprobs come from its {eng.echo_path} path" if eng.echo_path
+    echo_path = ext.get("echo_path") if present else None
+    f["echo_path"] = Finding((echo_path == "decode") if present and echo_path else None,
+                             f"the server says echo logprobs come from its {echo_path} path" if echo_path
                              else "not stated by the server")
     if not present:
         f["echo_consistency"] = Finding(None, "not checked: no echo logprobs")
-        return
+        return echo_path, False
     if canary["logprobs"] is None or canary["exact"] < 2:
         f["echo_consistency"] = Finding(None, "not checked: no generated tokens known exactly (ids and logprobs, "
                                               "sendable back) to compare echo with")
-        return
+        return echo_path, False
     P, n = len(p), len(ids)
     gen = np.asarray(canary["logprobs"][:n], float)
     echo = np.asarray(tl[P:P + n], float)
@@ -178,20 +193,20 @@ def probe_echo(eng, f: dict, canary: dict) -> None:
     if d0 <= ECHO_CONSISTENCY_TOL:
         f["echo_consistency"] = Finding(True, f"echo and decode logprobs of {n} generated tokens agree "
                                               f"(max |Δ| {d0:.2g} <= {ECHO_CONSISTENCY_TOL})")
-        return
+        return echo_path, False
     shift = _misalignment(eng, lp, tl, P, ids, gen)
     if shift is not None:
-        eng.echo_misaligned = True
         f["echo_consistency"] = Finding(False, (
             f"MISALIGNED by one position: echo's logprobs sit {shift:+d} position from the tokens they belong to "
             f"(max |Δ| against the decode path {d0:.3g} nats where they should agree); loglikelihood scores over "
             "it would be wrong"))
-        return
+        return echo_path, True
     bad = int(np.sum(np.abs(echo - gen) > ECHO_CONSISTENCY_TOL))
     f["echo_consistency"] = Finding(False, (
         f"echo and decode logprobs of the same tokens differ by up to {d0:.3g} nats at {bad} of {n} positions, "
         "aligned: the engine's prefill/echo and decode paths disagree (one of them is wrong); echo is used and "
         "the checks over it judge it"))
+    return echo_path, False
 
 
 def _misalignment(eng, lp: dict, tl: list, P: int, ids: list[int], gen: np.ndarray) -> int | None:
@@ -215,7 +230,8 @@ def _misalignment(eng, lp: dict, tl: list, P: int, ids: list[int], gen: np.ndarr
     return None
 
 
-def probe_extras(eng, f: dict, canary: dict, listed: dict) -> None:
+def probe_extras(eng, f: dict, canary: dict, listed: dict) -> int | None:
+    """Chat and stop-string support (findings only), and the server's context length (None: not stated)."""
     try:
         r = eng.post(eng.base + "/chat/completions", {"model": eng.model_id, "max_tokens": 1, "temperature": 0,
                                                        "messages": [{"role": "user", "content": "Hi"}]}, attempts=1)
@@ -246,7 +262,7 @@ def probe_extras(eng, f: dict, canary: dict, listed: dict) -> None:
             n = None
     f["max_context"] = Finding(isinstance(n, int), f"{n} tokens" if isinstance(n, int) else
                                "not stated: --model's context is assumed; a longer request gets the server's error")
-    eng.max_context = n if isinstance(n, int) else None
+    return n if isinstance(n, int) else None
 
 
 def capabilities(eng) -> Capabilities:
