@@ -67,6 +67,24 @@ def test_readme_has_no_commit_hashes_or_dates():
     assert not dates, f"README.md has dates {dates}: state figures with their command in docs/ instead"
 
 
+def _hashes_and_dates(text: str) -> list[str]:
+    hexes = [t for t in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"[0-9]", t) and re.search(r"[a-f]", t)]
+    return hexes + re.findall(r"\b20\d\d-\d\d-\d\d\b", text)
+
+
+def test_no_docstring_carries_a_commit_hash_or_a_date():
+    """A docstring keeps the one-line reason and points to the doc with the measurement; history is in git."""
+    import ast
+
+    found = [f"{f.relative_to(ROOT)}:{getattr(node, 'lineno', 1)} {_hashes_and_dates(doc)}"
+             for d in ("evalsuite", "engines", "benchmarks", "tasks", "examples")
+             for f in sorted((ROOT / d).rglob("*.py"))
+             for node in ast.walk(ast.parse(f.read_text("utf-8")))
+             if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+             and (doc := ast.get_docstring(node)) and _hashes_and_dates(doc)]
+    assert found == []
+
+
 def test_readme_links_to_docs_resolve():
     links = re.findall(r"\]\(((?:docs/)?[\w./-]+\.md)\)", README)
     assert any(link.startswith("docs/") for link in links)
