@@ -66,15 +66,16 @@ def step_seconds(eng, batch: int, steps: int, slots: int = 256, context: int = 1
     prompt, and compilations that happened inside the timed loop."""
     tokens = np.full((batch, next_pow2(context, 16)), 100, np.int32)
     lengths = np.full((batch,), context, np.int32)
-    *out, state = eng._prefill_step(tokens, lengths, slots, 5, False)
+    bundle = eng.steps()  # the stepped programs generate() drives
+    *out, state = bundle.prefill(tokens, lengths, slots, 5, False)
     ids = np.asarray(out[0])
-    *out, state = eng._decode_step(ids, lengths, state, 5, False)  # compile
+    *out, state = bundle.decode(ids, lengths, state, 5, False)  # compile
     jax.block_until_ready(out[0])
     before = eng.compiled_decode_shapes()
     times = []
     for i in range(steps):
         t = time.perf_counter()
-        *out, state = eng._decode_step(ids, lengths + 1 + i, state, 5, False)
+        *out, state = bundle.decode(ids, lengths + 1 + i, state, 5, False)
         jax.block_until_ready(out[0])
         times.append(time.perf_counter() - t)
     return float(np.median(times)), eng.compiled_decode_shapes() - before

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     from engines.megakernel import MegakernelEngine
     from engines.reference import ReferenceEngine
     from evalsuite.models import load_model, smollm2_path
-    from tests.engines.reference.test_smollm2_independent import _numpy_logits, _numpy_model
+    from tests.engines.reference.test_smollm2_independent import numpy_logits, numpy_model
 
     m = load_model("smollm2-135m")
     r = hit[0]
@@ -49,9 +49,9 @@ def main(argv=None) -> int:
     toks = gen.token_ids
     ref_forced = ref.forced_topk([prompt], [toks], 5, want_logits=True)[0].logits
     mk_forced = mk.forced_topk([prompt], [toks], 5, want_logits=True)[0].logits
-    t, cfg = _numpy_model(smollm2_path())
+    t, cfg = numpy_model(smollm2_path())
     t = {k: v.astype(np.float64) for k, v in t.items()}
-    f64 = _numpy_logits(t, cfg, list(prompt) + list(toks[:-1]))[len(prompt) - 1:]
+    f64 = numpy_logits(t, cfg, list(prompt) + list(toks[:-1]))[len(prompt) - 1:]
     print(f"{a.prompt_id}: {len(prompt)} prompt tokens, {len(toks)} generated; max |logit| at the first: "
           f"{np.abs(f64[0]).max():.1f}")
     jax64 = ref.float64_logits(prompt, toks)  # diff's conditioning witness: the reference's own math in float64

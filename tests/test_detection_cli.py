@@ -62,3 +62,27 @@ def test_a_moved_catch_shows_the_old_one(detection):
     same = {**moved, "evalsuite_recheck": {"before": 8}}
     lines = detection.table([moved, same]).splitlines()[2:]
     assert "| 8 (was 3) |" in lines[0] and "(was" not in lines[1] and "| 8 |" in lines[1]
+
+
+def test_benchmarks_use_only_public_names_and_no_path_edits():
+    """Benchmarks run as `python -m benchmarks.NAME` against the checkout: no sys.path edits, and nothing private
+    of another module (an import of `_name`, or `obj._name` on anything but self/cls)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    third_party = {"_attn_implementation"}  # transformers' own config field (hf_oracle.py), not one of ours
+    found = []
+    for f in sorted((root / "benchmarks").rglob("*.py")):
+        rel = f.relative_to(root)
+        text = f.read_text("utf-8")
+        found += [f"{rel}: sys.path edit"] if "sys.path.insert" in text or "sys.path.append" in text else []
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom):
+                found += [f"{rel}:{node.lineno} import {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                    and node.attr not in third_party \
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                found.append(f"{rel}:{node.lineno} .{node.attr}")
+    assert found == []

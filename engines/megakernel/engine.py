@@ -334,13 +334,17 @@ class MegakernelEngine(Engine):
                  stop_check=None, stop_strings: Sequence[str] = (),
                  on_result=None) -> list[Generation]:
         self._check(prompts, max_new_tokens)
+        return greedy_all(self.steps(), prompts, max_new_tokens, stop_ids, top_k, want_logits, MAX_BATCH,
+                          stop_check=stop_check, on_result=on_result, invariant=self.batch_invariant, log=self._paths)
+
+    def steps(self) -> Steps:
+        """The stepped programs generate() drives (engines.loop.Steps), its fault included: a fresh bundle per
+        generation (the stale_feedback fault keeps the previous step's ids in it)."""
         decode, shrink = self._decode_step, self._shrink_step
         if self.knobs.stale_feedback:
             decode, shrink = _stale_feedback(decode, shrink)
-        steps = Steps(self._prefill_step, decode, self._extend_step if self.share_prefix else None,
-                      self._insert_step, shrink)
-        return greedy_all(steps, prompts, max_new_tokens, stop_ids, top_k, want_logits, MAX_BATCH,
-                          stop_check=stop_check, on_result=on_result, invariant=self.batch_invariant, log=self._paths)
+        return Steps(self._prefill_step, decode, self._extend_step if self.share_prefix else None,
+                     self._insert_step, shrink)
 
     def decode_forced(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]]) -> list[np.ndarray]:

@@ -232,10 +232,13 @@ class ReferenceEngine(Engine):
         check_prompts(prompts, c.vocab_size, c.max_context, max_new_tokens)
         if not 1 <= top_k <= c.vocab_size:
             raise ModelError(f"top_k must be in [1, {c.vocab_size}], got {top_k}")
-        steps = Steps(self._prefill_step, self._decode_step, self._extend_step if self.share_prefix else None,
-                      self._insert_step, self._shrink_step)
-        return greedy_all(steps, prompts, max_new_tokens, stop_ids, top_k, want_logits, MAX_BATCH,
+        return greedy_all(self.steps(), prompts, max_new_tokens, stop_ids, top_k, want_logits, MAX_BATCH,
                           stop_check=stop_check, on_result=on_result, log=self._paths)
+
+    def steps(self) -> Steps:
+        """The stepped programs generate() drives (engines.loop.Steps)."""
+        return Steps(self._prefill_step, self._decode_step, self._extend_step if self.share_prefix else None,
+                     self._insert_step, self._shrink_step)
 
     def compiled_decode_shapes(self) -> int:
         """How many decode-step programs (one per rows, slots, window) this engine's spec has compiled."""

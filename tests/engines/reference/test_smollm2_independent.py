@@ -20,7 +20,7 @@ N_TOKENS = 16
 LOGPROB_TOL = 1e-3
 
 
-def _numpy_model(path):
+def numpy_model(path):
     import gguf
     from gguf.quants import dequantize
 
@@ -41,7 +41,7 @@ def _numpy_model(path):
                    theta=meta("llama.rope.freq_base"), eps=meta("llama.attention.layer_norm_rms_epsilon"))
 
 
-def _numpy_logits(t, m, ids):
+def numpy_logits(t, m, ids):
     """Logits at every position of `ids` (one causal forward)."""
     T = len(ids)
     x = t["token_embd.weight"][ids]  # [T, D]
@@ -79,7 +79,7 @@ def _numpy_logits(t, m, ids):
 
 def _numpy_top5(t, m, prompt, continuation):
     """Top-5 ids and logprobs at each of the continuation's steps, from one teacher-forced forward."""
-    logits = _numpy_logits(t, m, list(prompt) + list(continuation[:-1]))[len(prompt) - 1:].astype(np.float64)
+    logits = numpy_logits(t, m, list(prompt) + list(continuation[:-1]))[len(prompt) - 1:].astype(np.float64)
     lp = logits - logits.max(-1, keepdims=True)
     lp -= np.log(np.exp(lp).sum(-1, keepdims=True))
     top = np.argsort(-lp, axis=-1)[:, :5]
@@ -89,7 +89,7 @@ def _numpy_top5(t, m, prompt, continuation):
 def test_reference_matches_numpy_transcription(smollm2, smollm2_ref):
     from evalsuite.models import smollm2_path
 
-    t, m = _numpy_model(smollm2_path())
+    t, m = numpy_model(smollm2_path())
     tok = smollm2.tokenizer
     prompts = {"raw": tok.encode("The capital of France is"),
                "chat": tok.encode_chat("List three primary colors.")}
