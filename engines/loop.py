@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engines.base import Forced, Generation, PathLog, next_bucket, next_pow2
+from engines.base import Forced, Generation, PathLog, call_groups, next_bucket, next_pow2
 
 MIN_PREFILL_BUCKET = 16  # prefill lengths round up to powers of two from here: few compilations
 # Padded prefill tokens (rows x bucketed length) per call. Prefill attention holds [rows, heads, T, T]
@@ -57,18 +57,7 @@ def slots_for(need: int) -> int:
 def batches(lengths: Sequence[int], max_rows: int, token_budget: int = PREFILL_TOKEN_BUDGET) -> list[list[int]]:
     """Split rows (in order) into calls of at most max_rows rows and token_budget padded tokens
     (a row longer than the budget runs alone)."""
-    out: list[list[int]] = []
-    cur: list[int] = []
-    for i, n in enumerate(lengths):
-        longest = max([lengths[j] for j in cur] + [n])
-        rows = next_pow2(len(cur) + 1)
-        if cur and (len(cur) >= max_rows or rows * next_pow2(longest, MIN_PREFILL_BUCKET) > token_budget):
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        out.append(cur)
-    return out
+    return call_groups(lengths, max_rows, token_budget, MIN_PREFILL_BUCKET)
 
 
 def pad(prompts: Sequence[Sequence[int]], extra: int):

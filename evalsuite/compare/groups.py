@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from engines.base import call_groups
+
 # Padded prompt tokens (rows x bucketed length) per call, with rows and lengths rounded up to powers of two
 # as the engines round them. The reference's prefill attention holds [rows, heads, T, T] scores: 8 rows of a
 # 2048 bucket took the 24 GiB machine out of memory, 4096 keeps it under 1 GiB (measured on smollm2-135m).
@@ -14,22 +16,7 @@ TOKEN_BUDGET = 4096
 MIN_LENGTH = 16
 
 
-def _pow2(n: int, minimum: int = 1) -> int:
-    n = max(n, minimum)
-    return 1 << (n - 1).bit_length()
-
-
 def groups(lengths: Sequence[int], max_rows: int, token_budget: int = TOKEN_BUDGET) -> list[list[int]]:
     """Split prompts (by index, in order) into calls of at most max_rows prompts and token_budget padded
     tokens; a prompt longer than the budget goes alone."""
-    out: list[list[int]] = []
-    cur: list[int] = []
-    for i, n in enumerate(lengths):
-        longest = max([lengths[j] for j in cur] + [n])
-        if cur and (len(cur) >= max_rows or _pow2(len(cur) + 1) * _pow2(longest, MIN_LENGTH) > token_budget):
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        out.append(cur)
-    return out
+    return call_groups(lengths, max_rows, token_budget, MIN_LENGTH)
