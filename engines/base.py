@@ -6,7 +6,8 @@ fingerprint), a `max_batch`, typed frozen `Capabilities`, and two methods every 
   generate(prompts, max_new_tokens, ...)  batched greedy generation with top-k logprobs
   forced_topk(prompts, continuations, k)  teacher-forced top-k logprobs along given tokens, from
                                           the engine's decode path (an HTTP engine: from echo)
-and two optional ones, offered where `capabilities` says so:
+and optional ones: score_topk(prompts, continuations, k), forced_topk's records from one forward pass a row
+(default: forced_topk itself), and, offered where `capabilities` says so:
   score(seqs, want_taps)                  full-vocabulary logits of a forward pass (and taps)
   step_taps(prompts, next_ids)            the residual stream after every layer for one decode step
 What an engine lacks is reported by the checks as "not checked", never branched around.
@@ -307,6 +308,10 @@ class Engine(abc.ABC):
     # why the engine has no float32 build of its own to judge beside a bf16 run (a server runs in its own dtype; the
     # reference's float32 build is the judge), empty where create(dtype="float32") builds one
     no_float32_build: ClassVar[str] = ""
+    # why this engine's numbers are its own (quantised weights, another build of the model), said by the engine or
+    # its user: a run then reports its token parity with the judge instead of judging it. Empty: it claims the judge's
+    # model and, in its dtype, the judge's numerics, so a real mismatch is a bug.
+    own_numerics: str = ""
     name: str
     config: Config
     dtype: str
@@ -349,6 +354,13 @@ class Engine(abc.ABC):
     def forced_topk(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], k: int = 5,
                     want_logits: bool = False) -> list[Forced]:
         """Per row, continuation[j] scored from prompt + continuation[:j] by the engine's decode path."""
+
+    def score_topk(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
+                   k: int = 5) -> list[Forced]:
+        """Per row, continuation[j] scored from prompt + continuation[:j] in one teacher-forced forward pass (the
+        prefill path): how a judge scores another engine's whole answer for about the cost of a prefill. top-k, no
+        full logits. Default: forced_topk (the decode path: the same records at a decode step a token)."""
+        return self.forced_topk(prompts, continuations, k)
 
     def canary_logprobs(self) -> list[float] | None:
         """Values a resumed run compares with the journal's, within canary_tol, before reusing its answers

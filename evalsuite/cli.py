@@ -277,18 +277,21 @@ def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model,
 @click.option("--shard", default=None, metavar="i/N",
               help="Run only the items with doc_id %% N == i (own folder and journal); `evalsuite merge` combines "
                    "the N shards into the unsharded result.")
+@click.option("--judge-decodes", is_flag=True,
+              help="The judge decodes every answer itself instead of scoring the engine's answers in one "
+                   "teacher-forced pass (the same answers and verdict, at the cost of a second decode).")
 @click.option("--json", "as_json", is_flag=True)
 @engine_option
 @remote_options
 def run_cmd(task, variant, engine, against, model, limit, data, data_dir, output, dtype, fault, margin, seed,
-            shard, as_json, engine_options, base_url, served_model, api_key_env, api_timeout) -> None:
+            shard, judge_decodes, as_json, engine_options, base_url, served_model, api_key_env, api_timeout) -> None:
     """Benchmark TASK (gsm8k, gpqa, sanity) on ENGINE and the reference; paired verdict.
     Exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 usage error."""
     from evalsuite.bench.run import RunSpec, run_benchmark
 
     spec = RunSpec(task=task, variant=variant, engine=engine, against=against, model=model, limit=limit,
                    data_dir=_data(data, data_dir), output=output, dtype=dtype, fault=fault, margin=margin, seed=seed,
-                   shard=shard, engine_options=_engine_options(engine_options)
+                   shard=shard, judge_decodes=judge_decodes, engine_options=_engine_options(engine_options)
                    + _server(base_url, served_model, api_key_env, api_timeout))
     from evalsuite.report import run_text
 

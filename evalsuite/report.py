@@ -20,6 +20,10 @@ def run_text(r: dict) -> str:
     lines = [f"{r['verdict']}: {r['task']}/{r['variant']} on {r['items']} items ({data}): {accs}; "
              f"b={p['b']} c={p['c']}, diff CI [{p['diff_ci'][0]:+.3f}, {p['diff_ci'][1]:+.3f}], margin {p['margin']}",
              f"  {p['explanation']}"]
+    if "parity" in r.get("failed_by", []):
+        lines.append("  FAIL through the parity part: the engine's answers part from the judge's beyond the rule's "
+                     "bounds (a bug, whatever the accuracy says)")
+    lines += _parity_lines(r.get("parity"), r.get("judge_work"))
     if r.get("settle"):
         lines.append(f"  to settle it: {r['settle']}")
     if r.get("shard_note"):
@@ -28,6 +32,28 @@ def run_text(r: dict) -> str:
         lines.append(f"  merged from {len(r['merged_from'])} shards: {', '.join(r['merged_from'])}")
     lines += [f"  warning: {w}" for w in r.get("warnings", [])]
     return "\n".join(lines)
+
+
+def _parity_lines(pa: dict | None, work: dict | None) -> list[str]:
+    """The parity part and the judge's work, a line or few of run's text."""
+    if not pa:
+        return []
+    if not pa.get("run"):
+        return [f"  parity: not run ({pa['why']})"]
+    how = "judged" if pa["judged"] else f"reported, not judged ({pa['why_not_judged']})"
+    lines = [f"  parity ({how}): {pa['items_identical']}/{pa['items']} answers identical to the judge's, "
+             f"{pa['positions']} positions; {pa['items_failing']} items with real mismatches, "
+             f"{pa['benign_divergences']} benign divergences"]
+    for f in pa["first_failures"][:3]:
+        tok = f", engine token {f['engine_token']}, judge token {f['reference_token']}" \
+            if f.get("engine_token") is not None and f["kind"] == "token" else f", {f['note']}" if f.get("note") else ""
+        what = "token mismatch" if f["kind"] == "token" else "logprobs beyond the bound, the same token"
+        lines.append(f"    item {f['doc_id']}, position {f['position']}: {what}{tok}")
+    if work and work.get("mode") == "scores":
+        share = f"{work['decoded_share']:.1%}" if work.get("decoded_share") is not None else "n/a"
+        lines.append(f"  judge: scored {work['judge_scored']} tokens of the engine's {work['engine_generated']}, "
+                     f"decoded {work['judge_decoded']} itself ({share}) on {work['items_decoded']} items")
+    return lines
 
 
 def diff_report(result: dict, out: Path) -> list[Path]:

@@ -74,7 +74,10 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
         parts[task] = {"verdict": r["verdict"], "items": r["items"], "bundled_sample": r["dataset"]["bundled_sample"],
                        "dataset": r["dataset"]["path"],
                        "accuracy": {k: v["accuracy"] for k, v in r["engines"].items()}, "paired": r["paired"],
-                       "settle": r["settle"], "warnings": r["warnings"]}
+                       "settle": r["settle"], "warnings": r["warnings"], "failed_by": r["failed_by"],
+                       "parity": {k: r["parity"].get(k) for k in ("run", "judged", "items", "items_identical",
+                                                                  "items_failing", "first_failures")},
+                       "judge_work": r["judge_work"]}
     overall = combine(p["verdict"] for p in parts.values())
     warnings = [f"{name}: {w}" for name, p in parts.items() for w in p.get("warnings", [])]
     result = VerifyResult(verdict=overall, model=model, engine=engine, dtype=dtype, fault=fault, parts=parts,

@@ -56,7 +56,9 @@ class OpenAIEngine(Engine):
     """A server speaking the OpenAI completions API (vLLM, SGLang, llama.cpp, evalsuite serve): --base-url."""
 
     takes_remote = True
-    options = ("base_url", "served_model", "api_key_env", "timeout")  # the CLI's --base-url and its companions
+    # the CLI's --base-url and its companions; numerics=TEXT: the server's numbers are its own (e.g. "Q8_0 GGUF"),
+    # so a run reports its token parity with the judge instead of judging it
+    options = ("base_url", "served_model", "api_key_env", "timeout", "numerics")
     no_float32_build = "a served engine runs in the server's dtype; diff the server started in float32"
     max_batch = ROWS_PER_REQUEST
 
@@ -68,7 +70,9 @@ class OpenAIEngine(Engine):
         except ValueError:
             raise ModelError(f"--timeout {x['timeout']!r}: expected seconds") from None
         remote = Remote(x["base_url"], x.get("served_model") or None, x.get("api_key_env") or None, timeout)
-        return cls(remote, model.config, model.tokenizer, options.dtype)
+        eng = cls(remote, model.config, model.tokenizer, options.dtype)
+        eng.own_numerics = str(x.get("numerics") or "")
+        return eng
 
     def __init__(self, remote: Remote, config: Config, tokenizer, dtype: str = "float32"):
         self.name = "openai"

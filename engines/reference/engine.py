@@ -21,13 +21,23 @@ from engines.base import (
     PathLog,
     Recipe,
     Scored,
+    call_groups,
     check_prompts,
     next_pow2,
     source_fingerprint,
 )
 from engines.errors import ModelError
 from engines.lazy import as_lazy
-from engines.loop import MIN_PREFILL_BUCKET, Steps, cache_slots, forced_all, forced_from_decode, greedy_all
+from engines.loop import (
+    MIN_PREFILL_BUCKET,
+    MIN_SHARED_PREFIX,
+    PREFILL_TOKEN_BUDGET,
+    Steps,
+    cache_slots,
+    forced_all,
+    forced_from_decode,
+    greedy_all,
+)
 from engines.reference import model, sharding
 from engines.weights import Weights
 
@@ -36,6 +46,9 @@ MAX_BATCH = 32  # rows per device call; larger prompt lists run in chunks
 # (smollm2-135m: 1.1 GB; a model beyond it gets no witness, and diff says so).
 WITNESS_MAX_BYTES = 8 * 2**30
 PER_LAYER_SKIP = ("embed", "lm_head", "final_norm")
+# score_topk: the scored positions' logits and log-softmax ([rows, positions, vocab] float32 each) of one call stay
+# under this; smollm2's 49,152-token vocabulary at 256 answer positions is 100 MB a row, so 4 rows a call.
+SCORE_LOGIT_BYTES = 512 << 20
 # Kept in float32 in every mode, like the norms: they are added, not multiplied into a matmul.
 F32_ARRAYS = ("router_bias", "bq", "bk", "bv", "bo", "sinks", "e_gate_b", "e_up_b", "e_down_b")
 
@@ -83,6 +96,7 @@ def _programs(c, m, r) -> dict:
             [x.at[where].set(r[src]) for x, r in zip(kc, rk)], [x.at[where].set(r[src]) for x, r in zip(vc, rv)]),
             donate_argnums=(0, 1)),
         "_f64_forward": jax.jit(partial(R._float64_impl, c, r)),
+        "_score_at": jax.jit(partial(R._score_at_impl, c, r), static_argnames=("k", "fresh")),
     }
 
 
@@ -136,7 +150,7 @@ class ReferenceEngine(Engine):
         p = _programs(self.config, self.mesh, self.recipe)  # the jitted steps, by name (shared per spec)
         self._score, self._prefill, self._decode, self._head = p["_score"], p["_prefill"], p["_decode"], p["_head"]
         self._grow, self._extend, self._seed, self._gather = p["_grow"], p["_extend"], p["_seed"], p["_gather"]
-        self._put, self._f64_forward = p["_put"], p["_f64_forward"]
+        self._put, self._f64_forward, self._score_at = p["_put"], p["_f64_forward"], p["_score_at"]
         self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its per-layer K/V)
         self._p64: dict | None = None  # float64 weights, made on the first float64_logits call
         self.share_prefix = True  # False: every row prefilled in full (the benchmark's ablation)
@@ -190,6 +204,17 @@ class ReferenceEngine(Engine):
     def _decode_impl(cls, c, r, p, tokens, positions, kc, vc):
         logits, kc, vc, _ = model.forward(p, c, tokens[:, None], positions[:, None], kc, vc, recipe=r)
         return logits[:, 0], kc, vc
+
+    @staticmethod
+    def _score_at_impl(c, r, p, tokens, start, at, nxt, kc, vc, k, fresh):
+        """Tokens [B, T] at positions start.. (over a cache holding the prefix, or fresh from 0): at the positions
+        `at` [B, S], the top-k log-softmax (ids, values [B, S, k]) and that of the next given token nxt [B, S]."""
+        B, T = tokens.shape
+        positions = start + jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        logits = model.forward(p, c, tokens, positions, kc, vc, logit_index=at, fresh=fresh, recipe=r)[0]
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        top_v, top_i = jax.lax.top_k(logp, k)
+        return top_i, top_v, jnp.take_along_axis(logp, nxt[:, :, None], axis=-1)[..., 0]
 
     @property
     def fingerprint(self) -> str:
@@ -259,6 +284,71 @@ class ReferenceEngine(Engine):
                     want_logits: bool = False) -> list[Forced]:
         """Every continuation token scored by a decode step (engines.loop.forced_from_decode)."""
         return forced_from_decode(self.decode_forced, prompts, continuations, k, want_logits)
+
+    def score_topk(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
+                   k: int = 5) -> list[Forced]:
+        """Every continuation token scored in one forward pass a row (the prefill path): a prefix every prompt shares
+        (lm-eval's few-shot exemplars) prefilled once, then each row's rest of prompt + continuation in calls of at
+        most PREFILL_TOKEN_BUDGET padded tokens and SCORE_LOGIT_BYTES of scored logits. On a mesh: forced_topk."""
+        c = self.config
+        seqs = [list(p) + list(x) for p, x in zip(prompts, continuations)]
+        check_prompts(seqs, c.vocab_size, c.max_context + 1, 1)
+        if not 1 <= k <= c.vocab_size:
+            raise ModelError(f"k must be in [1, {c.vocab_size}], got {k}")
+        if self.mesh is not None:
+            return self.forced_topk(prompts, continuations, k)
+        out: list[Forced | None] = [None] * len(seqs)
+        rows = [i for i, x in enumerate(continuations) if len(x)]
+        for i in set(range(len(seqs))) - set(rows):
+            out[i] = Forced(np.zeros(0), np.zeros((0, k), np.int64), np.zeros((0, k)))
+        if not rows:
+            return out
+        P = _shared_prefix([prompts[i] for i in rows])
+        P = P if P >= MIN_SHARED_PREFIX else 0
+        self._paths.hit("teacher_forced", len(rows))
+        longest = next_pow2(max(len(continuations[i]) for i in rows))
+        per_call = max(1, min(MAX_BATCH, SCORE_LOGIT_BYTES // (2 * 4 * longest * c.vocab_size)))
+        rows.sort(key=lambda i: -(len(seqs[i]) - 1 - P))
+        for group in call_groups([len(seqs[i]) - 1 - P for i in rows], per_call, PREFILL_TOKEN_BUDGET,
+                                 MIN_PREFILL_BUCKET):
+            idx = [rows[g] for g in group]
+            for i, f in zip(idx, self._score_rows([seqs[i] for i in idx], [len(prompts[i]) for i in idx], P, k)):
+                out[i] = f
+        return out
+
+    def _score_rows(self, seqs: list[list[int]], plens: list[int], P: int, k: int) -> list[Forced]:
+        """One call of score_topk: rows seq[P:-1] prefilled (over the shared prefix's cache when P > 0), scored at
+        the positions that predict seq[plen:]."""
+        T = next_pow2(max(len(s) - 1 - P for s in seqs), MIN_PREFILL_BUCKET)
+        S = next_pow2(max(len(s) - n for s, n in zip(seqs, plens)))
+        B = next_pow2(len(seqs))
+        tokens = np.zeros((B, T), np.int32)
+        at = np.zeros((B, S), np.int32)
+        nxt = np.zeros((B, S), np.int32)
+        for b, (s, n) in enumerate(zip(seqs, plens)):
+            m = len(s) - n
+            tokens[b, :len(s) - 1 - P] = s[P:-1]
+            at[b] = n - 1 - P + np.minimum(np.arange(S), m - 1)  # padding repeats the last scored position
+            nxt[b, :m] = s[n:]
+        if P:
+            prefix = tuple(seqs[0][:P])
+            if self._prefix is None or self._prefix[0] != prefix:
+                ptoks = np.zeros((1, next_pow2(P, MIN_PREFILL_BUCKET)), np.int32)
+                ptoks[0, :P] = prefix
+                self._prefix = (prefix, self._prefill_step(ptoks, np.array([P], np.int32), ptoks.shape[1], 1,
+                                                           False)[-1])
+            pk, pv = self._prefix[1]
+            kc, vc = self._seed(pk, pv, batch=B, slots=cache_slots(max(P + T, pk[0].shape[2]), 1 << 30))
+            self._paths.hit("shared_prefix")
+            if P & (P - 1):
+                self._paths.hit("shared_prefix_unaligned")
+        else:
+            kc, vc = self.new_cache(B, cache_slots(T, 1 << 30))
+        ids, vals, tok = self._score_at(self.params, self._in(tokens), self._in(np.int32(P)), self._in(at),
+                                        self._in(nxt), kc, vc, k=k, fresh=not P)
+        ids, vals, tok = np.asarray(ids), np.asarray(vals, np.float64), np.asarray(tok, np.float64)
+        return [Forced(tok[b, :len(s) - n], ids[b, :len(s) - n].astype(np.int64), vals[b, :len(s) - n])
+                for b, (s, n) in enumerate(zip(seqs, plens))]
 
     def float64_logits(self, prompt: Sequence[int], track: Sequence[int]) -> np.ndarray:
         """[len(track), V]: the same math in float64 (model.float64_math, weights cast up) teacher-forced along
@@ -344,3 +434,12 @@ class ReferenceEngine(Engine):
         where = None if self.mesh is None else NamedSharding(self.mesh, sharding.cache_spec(self.mesh, batch))
         return ([jnp.zeros(shape, jnp.float32, device=where) for _ in range(c.n_layers)],
                 [jnp.zeros(shape, jnp.float32, device=where) for _ in range(c.n_layers)])
+
+
+def _shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """The length of the prefix every prompt shares, short of each one's last token (which a row must prefill)."""
+    n = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    for p in prompts[1:]:
+        n = next((j for j in range(n) if p[j] != first[j]), n)
+    return max(n, 0)

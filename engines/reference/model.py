@@ -244,8 +244,9 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
     tokens, positions [B, T] int32; k_cache, v_cache: lists of L arrays [B, K, S, hd] (one buffer
     per layer, so the in-place cache update never copies the other layers).
     Returns logits [B, T, V] float32 (or [B, V] at logit_index [B] when given: prefill needs only
-    each row's last prompt position), the updated caches, and taps [L, B, T, D] (the residual
-    stream after each layer, float32) when want_taps, else None. With want_taps the last value is the pair
+    each row's last prompt position; [B, S, V] at logit_index [B, S]: the positions that score an
+    answer), the updated caches, and taps [L, B, T, D] (the residual stream after each layer, float32)
+    when want_taps, else None. With want_taps the last value is the pair
     (taps, routing): routing = (margins [M, B, T], experts [M, B, T, k]), routing_margin at each of the M MoE
     layers (None without MoE). recipe (engines.base.Recipe, bf16 mode): the K/V and residual roundings an engine
     declared (the weights' own dtypes are set where they are placed).
@@ -299,8 +300,10 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
         x = recipe_round(x + (rms_norm(out, p["post_mlp_norm"][layer], eps, style) if c.post_norms else out), res_dt)
         if want_taps:
             taps.append(x.astype(f32))
-    if logit_index is not None:
-        x = jnp.take_along_axis(x, logit_index[:, None, None], axis=1)[:, 0]  # [B, D]
+    if logit_index is not None:  # [B]: one position a row ([B, D]); [B, S]: S positions a row ([B, S, D])
+        at = logit_index if logit_index.ndim == 2 else logit_index[:, None]
+        x = jnp.take_along_axis(x, at[:, :, None], axis=1)
+        x = x if logit_index.ndim == 2 else x[:, 0]
     x = rms_norm(x, p["final_norm"], eps, style)
     head = p["embed"] if c.tie_embeddings else p["lm_head"]
     logits = jnp.einsum("...d,vd->...v", x.astype(head.dtype), head, preferred_element_type=f32)

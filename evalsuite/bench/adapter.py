@@ -13,6 +13,10 @@ sampling is refused, never silently decoded greedily.
 - generate_until: batched greedy generation (engine.generate); a row stops generating once its text
   holds a stop string and is cut there. The reference prefills a few-shot prefix shared by a batch
   once and reuses its KV cache (engines.loop). The bars show a running accuracy (bench.live).
+  With `answers` (the judge in `run`'s scoring mode) the judge does not decode: it scores the engine's
+  answer to each request in one teacher-forced pass and decodes only from where its greedy answer
+  parts from the engine's (bench.scoring). Every journaled answer keeps its token ids and its top-k
+  logprobs per position, which the parity part of `run` compares.
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ DEFAULT_MAX_LENGTH = 2048
 # 3: keys hold the engine's fingerprint (its source, jax versions and static spec; for a server,
 # its reported identity and a canary), so a changed engine never reuses answers. 4: a server's model id
 # is keyed through its fingerprint (engines/base.py protocol), not read off the client object.
-ADAPTER_VERSION = 4
+# 5: a generated answer's record holds its token ids and top-k logprobs (the judge scores them).
+ADAPTER_VERSION = 5
+PARITY_TOPK = 5  # top-k logprobs asked of every generated position: every rank the parity part compares
 
 
 class EngineLM(TemplateLM):
@@ -43,11 +49,15 @@ class EngineLM(TemplateLM):
                  max_length: int = DEFAULT_MAX_LENGTH, batch_size: int | str | None = None,
                  journal: str | None = None, progress: bool = True, base_url: str | None = None,
                  served_model: str | None = None, api_key_env: str | None = None,
-                 engine: str | None = None, built=None, shard: tuple[int, int] | None = None, **kwargs):
+                 engine: str | None = None, built=None, shard: tuple[int, int] | None = None,
+                 answers=None, **kwargs):
         """shard (i, N): only the docs with doc_id % N == i are computed; lm-eval still builds every doc's
         request (so each doc's few-shot exemplars, drawn from one seeded sequence, are those of an unsharded
-        run) and the others get placeholders, which evalsuite.bench.run drops from the records."""
+        run) and the others get placeholders, which evalsuite.bench.run drops from the records.
+        answers(ctx, gen_kwargs) -> dict | None: another engine's journaled answer to a generate_until request;
+        given, this engine judges those answers (bench.scoring) instead of decoding every token itself."""
         super().__init__()
+        self.answers = answers
         self.shard = shard
         self.engine_name = engine or self.engine_name
         self.journal = None
@@ -72,7 +82,8 @@ class EngineLM(TemplateLM):
         self.gen_batch = int(batch_size) if str(batch_size).isdigit() and int(batch_size) > 0 else default
         self.identity = {"engine": self.engine_name, "model": model, "weights_sha256": self.model.weights.sha256,
                          "dtype": dtype, "fault": fault or None, "max_length": self.max_length,
-                         "adapter_version": ADAPTER_VERSION, "engine_fingerprint": self.engine.fingerprint}
+                         "adapter_version": ADAPTER_VERSION, "engine_fingerprint": self.engine.fingerprint,
+                         "scores_answers": answers is not None}
         if base_url:  # the server is part of the identity (never the API key); its model id is in the fingerprint
             self.identity.update(base_url=base_url)
         if journal:
@@ -217,6 +228,7 @@ class EngineLM(TemplateLM):
         return self._generate(requests, disable_tqdm)
 
     def _generate(self, requests, disable_tqdm: bool) -> list[str]:
+        from evalsuite.bench.journal import request_key
         from evalsuite.bench.live import Tally, judge_generation
 
         args = [r.args for r in requests]
@@ -227,8 +239,12 @@ class EngineLM(TemplateLM):
         keys = []
         first: dict[str, int] = {}  # key -> the request that computes it
         repeats: dict[int, int] = {}  # request -> the earlier request with the same key
+        theirs: dict[int, dict] = {}  # scoring mode: request -> the other engine's answer
         for i, (ctx, kw) in enumerate(args):
             until, max_toks, key = self._gen_request(ctx, kw)
+            if self.answers is not None:
+                theirs[i] = self._their_answer(ctx, kw)
+                key = request_key(self.identity, "gen-scored", [key, theirs[i]["key"]])
             keys.append(key)
             hit = self.journal.get(keys[i]) if self.journal else None
             if hit is not None:
@@ -248,28 +264,32 @@ class EngineLM(TemplateLM):
             idx = sorted(idx, key=lambda i: -len(args[i][0]))
             # an engine that streams its results (continuous batching) gets the whole group in one call and
             # each answer is journaled as it finishes; others get gen_batch prompts per call
-            streams = bool(self.engine.streams_results)
+            streams = bool(self.engine.streams_results) and self.answers is None
             step = len(idx) if streams else self.gen_batch
             for s in range(0, len(idx), step):
                 chunk = idx[s:s + step]
-                prompts = [self.tok_encode(args[i][0])[-(self.max_length - max_toks):] for i in chunk]
+                prompts = [self.request_prompt(*args[i]) for i in chunk]
 
-                def done(j: int, g, chunk=chunk, until=until) -> None:
+                def done(j: int, g, chunk=chunk, until=until, extra=None) -> None:
                     i = chunk[j]
                     text = visible_text(self.model.tokenizer, g.token_ids)
                     out[i], hit = cut_at_stop(text, until)
                     finish = "stop" if hit or g.finish_reason == "stop" else "length"
                     if self.journal:
                         self.journal.add([{"key": keys[i], "kind": "gen", "result": out[i], "finish_reason": finish,
-                                           "generated_tokens": len(g.token_ids), "raw": text}])
+                                           "generated_tokens": len(g.token_ids), "raw": text,
+                                           **_tokens_record(g), **(extra or {})}])
                     tally.add(judge_generation(docs[i], out[i]))
                     bar.set_postfix(tally.postfix(), refresh=False)
                     bar.update(1)
 
+                check = stop_check(self.model.tokenizer, until)
+                if self.answers is not None:  # the judge scores the engine's answers (bench.scoring)
+                    self._score_answers(prompts, [theirs[i] for i in chunk], max_toks, check, done)
+                    continue
                 kw = {"on_result": done} if streams else {}
-                gens = self.engine.generate(prompts, max_toks, stop_ids=self.model.tokenizer.eos_ids, top_k=1,
-                                            stop_check=stop_check(self.model.tokenizer, until),
-                                            stop_strings=list(until), **kw)
+                gens = self.engine.generate(prompts, max_toks, stop_ids=self.model.tokenizer.eos_ids, top_k=PARITY_TOPK,
+                                            stop_check=check, stop_strings=list(until), **kw)
                 if not kw:
                     for j, g in enumerate(gens):
                         done(j, g)
@@ -280,6 +300,26 @@ class EngineLM(TemplateLM):
         bar.close()
         return out
 
+
+    def _their_answer(self, ctx: str, kw) -> dict:
+        """The other engine's journaled answer to this request (scoring mode), with its token ids."""
+        rec = self.answers(ctx, kw)
+        if not rec or rec.get("token_ids") is None:
+            raise SpecError("scoring mode: the engine under test has no journaled answer (with token ids) to a request "
+                            "the judge was asked; run the engine first, or judge by decoding (--judge-decodes)")
+        return rec
+
+    def _score_answers(self, prompts, recs: list[dict], max_toks: int, check, done) -> None:
+        """The judge's answers to one chunk of requests from the engine's (bench.scoring.judge_answers)."""
+        from evalsuite.bench.scoring import Answer, judge_answers
+
+        answers = [Answer(list(p), list(r["token_ids"]), r["finish_reason"], _array(r.get("top_ids"), np.int64),
+                          _array(r.get("top_logprobs"), np.float64), bool(r.get("ids_exact", True)))
+                   for p, r in zip(prompts, recs)]
+        got = judge_answers(self.engine, answers, max_toks, self.model.tokenizer.eos_ids, check, PARITY_TOPK)
+        for j, jd in enumerate(got):
+            done(j, jd.generation, extra={"scored": jd.scored, "decoded": jd.decoded, "decoded_from": jd.decoded_from,
+                                          "why": jd.why, "engine_answer_key": recs[j]["key"]})
 
     def _gen_request(self, ctx: str, kw) -> tuple[list[str], int, str]:
         """(stop strings, max tokens, journal key) of one generate_until request."""
@@ -296,9 +336,39 @@ class EngineLM(TemplateLM):
     def journal_record(self, ctx: str, kw) -> dict:
         """The journal's record of a generate_until request ({} when there is none): per-item facts
         (finish reason, generated tokens) come from the journal, the one record of what was done."""
+        from evalsuite.bench.journal import request_key
+
         if self.journal is None:
             return {}
-        return self.journal.get(self._gen_request(ctx, kw)[2]) or {}
+        key = self._gen_request(ctx, kw)[2]
+        if self.answers is not None:  # scoring mode: keyed by the answer judged too
+            theirs = self.answers(ctx, kw)
+            if not theirs:
+                return {}
+            key = request_key(self.identity, "gen-scored", [key, theirs["key"]])
+        return self.journal.get(key) or {}
+
+    def request_prompt(self, ctx: str, kw) -> list[int]:
+        """The prompt ids a generate_until request was decoded from (its context cut to fit its token budget)."""
+        return self.tok_encode(ctx)[-(self.max_length - self._gen_request(ctx, kw)[1]):]
+
+
+def _tokens_record(g) -> dict:
+    """A generation's ids, top-k ids and logprobs (NaN: not given, as null) and whether the ids are the engine's."""
+    lps = np.asarray(g.top_logprobs, np.float64)
+    return {"token_ids": [int(t) for t in g.token_ids], "top_ids": np.asarray(g.top_ids, np.int64).tolist(),
+            "top_logprobs": [[None if np.isnan(v) else float(v) for v in row] for row in lps.reshape(len(lps), -1)],
+            "ids_exact": bool(getattr(g, "ids_exact", True))}
+
+
+def _array(rows, dtype) -> np.ndarray | None:
+    """A journaled [n, k] list back to an array (null: NaN)."""
+    if rows is None:
+        return None
+    if not rows:
+        return np.zeros((0, 1), dtype)
+    a = np.array([[np.nan if v is None else v for v in row] for row in rows], np.float64)
+    return a.reshape(len(rows), -1).astype(dtype) if dtype is not np.float64 else a.reshape(len(rows), -1)
 
 
 def _bar(total: int, desc: str, enabled: bool, initial: int = 0):

@@ -1,5 +1,12 @@
 """`evalsuite run gsm8k|gpqa`: the same items, prompts and greedy decoding through two engines via
-lm-eval, then a paired per-item verdict (evalsuite.bench.stats)."""
+lm-eval, then a paired per-item verdict (evalsuite.bench.stats) and, for generated answers, the parity part.
+
+The engine under test runs first. By default the judge then scores its answers instead of decoding its own
+(bench.scoring: one teacher-forced pass an answer, decoding only from where its greedy answer parts from the
+engine's; `--judge-decodes` makes it decode every token). Either way every generated answer is compared with the
+judge's greedy track position by position (the parity part): a real mismatch FAILs the run for an engine that
+claims the judge's model and float32 numerics, and is reported for one that declares its own (Engine.own_numerics)
+or runs in bfloat16 (diff judges that against its recipe)."""
 
 from __future__ import annotations
 
@@ -62,6 +69,7 @@ class RunSpec:
     seed: int = LM_EVAL_SEED
     engine_options: tuple[tuple[str, str], ...] = ()  # --engine-option KEY=VALUE
     shard: str | None = None  # "i/N": only the items with doc_id % N == i (evalsuite merge combines the N)
+    judge_decodes: bool = False  # the judge decodes every answer itself instead of scoring the engine's
 
     def __post_init__(self):
         if self.shard is not None:
@@ -141,7 +149,9 @@ def release_memory() -> None:
 
 
 def run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks_dir: Path, out: Path,
-               progress: Callable[[str], None], built=None, folder: str | None = None) -> dict:
+               progress: Callable[[str], None], built=None, folder: str | None = None, answers=None):
+    """One engine through lm-eval: (its per-item records and figures, the lm-eval adapter that ran it, each item's
+    generate request (context, arguments) by doc_id). answers: the judge scores these (EngineLM's answers)."""
     offline()
     import lm_eval
     from lm_eval.tasks import TaskManager
@@ -154,7 +164,7 @@ def run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks_
     eng_dir.mkdir(parents=True, exist_ok=True)
     lm = EngineLM(engine=engine, model=spec.model, dtype=dtype, fault=fault, journal=str(eng_dir / "journal.jsonl"),
                   base_url=dict(spec.engine_options).get("base_url") if built is not None else None, built=built,
-                  shard=spec.shard_of)
+                  shard=spec.shard_of, answers=answers)
     try:
         res = lm_eval.simple_evaluate(model=lm, tasks=[name], limit=spec.limit, log_samples=True,
                                       task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False),
@@ -169,12 +179,14 @@ def run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks_
     by_filter: dict[str, dict[int, dict]] = {}
     for s in samples:
         by_filter.setdefault(s.get("filter", "none"), {})[s["doc_id"]] = s
-    records = []
+    records, requests = [], {}
     for doc_id, s in sorted(by_filter[primary].items()):
         if spec.shard_of is not None and doc_id % spec.shard_of[1] != spec.shard_of[0]:
             continue  # another shard's item: a placeholder, never computed
         prompt = s["arguments"][0][0] if s["arguments"] else ""
         gen = lm.journal_record(prompt, s["arguments"][0][1]) if isinstance(s["resps"][0][0], str) else {}
+        if gen:
+            requests[doc_id] = (prompt, s["arguments"][0][1])
         if isinstance(s["resps"][0][0], str):  # generation: the text and what the filter extracted
             resp, extracted = s["resps"][0][0], s["filtered_resps"][0] if s["filtered_resps"] else None
         else:  # multiple choice: per-choice loglikelihoods; the answer is the most likely choice
@@ -185,6 +197,9 @@ def run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks_
                "target": s.get("target"), "correct": bool(s[metric] > 0.5),
                "finish_reason": gen.get("finish_reason", "n/a (loglikelihood)"),
                "generated_tokens": gen.get("generated_tokens")}
+        if "scored" in gen:  # the judge in scoring mode: what it scored and decoded itself
+            rec |= {"scored_tokens": gen["scored"], "decoded_tokens": gen["decoded"],
+                    "decoded_from": gen["decoded_from"], "scoring": gen["why"]}
         for f, other in by_filter.items():
             rec[f"correct_{f}"] = bool(other[doc_id][metric] > 0.5)
         records.append(rec)
@@ -195,7 +210,48 @@ def run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks_
     live = lm.live  # the progress bar's running estimate, kept as a cross-check
     return {"records": records, "live_accuracy": live.right / live.seen if live is not None and live.seen else None,
             "lm_eval_results": str(eng_dir / "lm_eval_results.json"), "primary_filter": primary,
-            "fingerprint": lm.engine.fingerprint, "adapter_version": lm.identity["adapter_version"]}
+            "fingerprint": lm.engine.fingerprint, "adapter_version": lm.identity["adapter_version"]}, lm, requests
+
+
+def parity_records(judge_lm, eng_lm, requests: dict, records: list[dict], dtype: str,
+                   progress: Callable[[str], None]) -> None:
+    """The parity part's per-item record, added to each generated item of the engine's records ("parity"): its
+    answer against the judge's greedy track (bench.scoring.judge_item), in the rule's tolerances for its dtype."""
+    from evalsuite.bench.scoring import Answer, judge_item
+    from evalsuite.compare import rule
+    from evalsuite.stops import cut_at_stop, visible_text
+
+    tol = rule.Tolerances.for_dtype(dtype)
+    tok = judge_lm.model.tokenizer
+    gen = [r for r in records if r["doc_id"] in requests]
+    for n, r in enumerate(gen):
+        ctx, kw = requests[r["doc_id"]]
+        e, j = eng_lm.journal_record(ctx, kw), judge_lm.journal_record(ctx, kw)
+        if e.get("token_ids") is None or j.get("token_ids") is None:
+            r["parity"] = {"not_checked": "no token ids journaled for this answer"}
+            continue
+        if not e.get("ids_exact", True):
+            r["parity"] = {"not_checked": "the server returned text whose ids could not be recovered exactly"}
+            continue
+        from evalsuite.bench.adapter import _array
+
+        prompt = judge_lm.request_prompt(ctx, kw)
+        a = Answer(prompt, e["token_ids"], e["finish_reason"], _array(e["top_ids"], np.int64),
+                   _array(e["top_logprobs"], np.float64))
+        rg = Answer(prompt, j["token_ids"], j["finish_reason"], _array(j["top_ids"], np.int64),
+                    _array(j["top_logprobs"], np.float64)).generation()
+        until = judge_lm._gen_request(ctx, kw)[0]
+        witnessed: list = []
+        rec = judge_item(judge_lm.engine, a, rg, tol, witnessed,
+                         visible=lambda ids, until=until: cut_at_stop(visible_text(tok, ids), until)[0])
+        r["parity"] = {"positions": len(e["token_ids"]), "real_positions": rec["real_positions"],
+                       "token_mismatches": rec["token_mismatches"],
+                       "distribution_mismatches": rec["distribution_mismatches"],
+                       "benign_positions": rec["benign_positions"], "first_divergence": rec["first_divergence"],
+                       "max_dlogprob": rec["tf"]["max_dlogprob"], "witness": witnessed[0] if witnessed else None,
+                       **({"note": rec["note"]} if "note" in rec else {})}
+        if (n + 1) % 50 == 0 or n + 1 == len(gen):
+            progress(f"parity: {n + 1}/{len(gen)} answers compared")
 
 
 def gold_in_response(r: dict) -> bool:
@@ -258,11 +314,18 @@ def assemble(spec: RunSpec, engines: dict[str, dict], context: dict, seconds: fl
                                for x, y in zip(a["records"], b["records"])]))
     verdict = v.verdict
     api_notes = context["api"]
-    not_checked = (api_notes or {}).get("not_checked", [])
+    not_checked = list((api_notes or {}).get("not_checked", []))
+    parity = parity_summary(b["records"], (api_notes or {}).get("parity") or {}, spec)
+    failed_by = ["accuracy"] if verdict == "FAIL" else []
+    if parity.get("judged"):
+        not_checked += [f"parity: {n}" for n in parity["not_checked"]]
+        if parity["items_failing"]:
+            verdict = "FAIL"  # a bug is a bug: the engine claims the judge's model and numerics
+            failed_by.append("parity")
     if verdict == "PASS" and not_checked:
         verdict = "INCONCLUSIVE"  # nothing unshown may contribute to a PASS
     result = {
-        "verdict": verdict, "not_checked": not_checked, "task": spec.task,
+        "verdict": verdict, "failed_by": failed_by, "not_checked": not_checked, "task": spec.task,
         "variant": spec.variant or DEFAULT_VARIANT[spec.task],
         "dataset": context["dataset"], "items": len(ids), "model": spec.model,
         "weights_sha256": context["weights_sha256"],
@@ -279,12 +342,14 @@ def assemble(spec: RunSpec, engines: dict[str, dict], context: dict, seconds: fl
                    "rule_of_three_upper": v.rule_of_three_upper, "explanation": v.explain(),
                    "meaning": f"b = {ka} right and {kb} wrong; c = {ka} wrong and {kb} right; diff = "
                               f"accuracy({kb}) - accuracy({ka})"},
+        "parity": parity, "judge_work": judge_work(a["records"], b["records"]),
         "warnings": [f"not checked: {n}" for n in not_checked] + (
             [f"responses differ on {round((1 - same_resp) * len(ids))} of {len(ids)} items although greedy "
              "decoding of the same prompts should match: run `evalsuite diff` to localise it"]
             if same_resp < 1 else []),
         "verdict_rule": v.rule,
         "settle": _settle(spec, v, context["bundled"], context["n_items"]) if verdict == v.verdict else
+        None if verdict == "FAIL" else
         ("remove what is listed as not checked: a server that takes token-id prompts or has a tokenize "
          "endpoint, and (for loglikelihood variants) states its echo logprobs come from its decode path "
          "(evalsuite serve does both), or a generative variant"),
@@ -296,6 +361,46 @@ def assemble(spec: RunSpec, engines: dict[str, dict], context: dict, seconds: fl
         result["shard_note"] = (f"shard {spec.shard}: a share of the items; its verdict is of this share only. "
                                 "Combine all shards with `evalsuite merge RUN_DIR...` for the run's verdict")
     return result
+
+
+def parity_summary(records: list[dict], declared: dict, spec: RunSpec) -> dict:
+    """The parity part over the engine's per-item records (parity_records), for run and merge alike."""
+    from evalsuite.bench.scoring import parity
+    from evalsuite.compare import rule
+
+    gen = [r for r in records if r.get("generated_tokens") is not None]
+    if not gen:
+        return {"run": False, "judged": False, "why": "loglikelihood variant: every item is scored, none generated; "
+                "the engine's forced path enters the verdict through its loglikelihoods (token parity: evalsuite diff)"}
+    items = [{"doc_id": r["doc_id"], "record": r["parity"], "positions": r["parity"]["positions"]}
+             for r in gen if r.get("parity") and "not_checked" not in r["parity"]]
+    missing = [f"item {r['doc_id']}: {(r.get('parity') or {}).get('not_checked', 'no parity record')}"
+               for r in gen if not r.get("parity") or "not_checked" in r["parity"]]
+    witnessed = [r["parity"]["witness"] for r in gen if r.get("parity") and r["parity"].get("witness")]
+    out = parity(items, bool(declared.get("judged")), declared.get("why_not"),
+                 rule.Tolerances.for_dtype(spec.dtype), witnessed, missing[:FIRST_MISSING] + (
+                     [f"... and {len(missing) - FIRST_MISSING} more items"] if len(missing) > FIRST_MISSING else []))
+    return {"run": True, **out}
+
+
+FIRST_MISSING = 5  # parity: items without a parity record named one by one, the rest counted
+
+
+def judge_work(judge: list[dict], engine: list[dict]) -> dict:
+    """Tokens the engine generated against the tokens the judge scored and decoded itself (scoring mode)."""
+    gen = sum(r.get("generated_tokens") or 0 for r in engine)
+    scored = [r for r in judge if "scored_tokens" in r]
+    if not scored:
+        decoded = sum(r.get("generated_tokens") or 0 for r in judge)
+        return {"mode": "decodes" if decoded else "n/a (loglikelihood)", "engine_generated": gen,
+                "judge_decoded": decoded}
+    decoded = sum(r["decoded_tokens"] for r in scored)
+    why: dict[str, int] = {}
+    for r in scored:
+        why[r["scoring"]] = why.get(r["scoring"], 0) + 1
+    return {"mode": "scores", "engine_generated": gen, "judge_scored": sum(r["scored_tokens"] for r in scored),
+            "judge_decoded": decoded, "decoded_share": decoded / gen if gen else None,
+            "items_decoded": sum(r["decoded_from"] is not None for r in scored), "items_by_outcome": why}
 
 
 def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: None) -> RunResult:
@@ -321,16 +426,34 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     if uses_forced and not caps.forced:
         raise SpecError(f"{caps.forced_refusal}, so {spec.task}/{variant} (scored by loglikelihood) is impossible "
                         "over it" + ("; --variant cot is generative" if spec.task == "gpqa" else ""))
+    why_not = (f"the engine declares numerics of its own ({built.own_numerics})" if built.own_numerics else
+               f"{spec.dtype}: judged against the reference's {spec.dtype} recipe by `evalsuite diff --dtype "
+               f"{spec.dtype}`; here the float32 judge's tracks are compared and reported"
+               if spec.dtype != "float32" else None)
     api_notes = {"engine_capabilities": caps.report(), "notes": list(caps.notes), "forced_path": caps.forced_path,
-                 "not_checked": caps.not_checked(uses_forced)}
-    engines = {}
-    engines[spec.against] = run_engine(spec, spec.against, "float32", None, tasks_dir, out, progress)
-    release_memory()  # the judge is done: its buffers go back before the engine under test runs
+                 "not_checked": caps.not_checked(uses_forced), "parity": {"judged": why_not is None, "why_not": why_not}}
+    # the engine under test first: the judge then scores its answers (or, --judge-decodes, decodes its own)
     key = spec.engine if spec.engine != spec.against else spec.engine + "-under-test"  # its own folder, journal
-    engines[key] = run_engine(spec, spec.engine, spec.dtype, spec.fault, tasks_dir, out, progress, built, key)
+    phases = {"setup_s": round(time.time() - t0, 1)}
+    t = time.time()
+    tested, eng_lm, requests = run_engine(spec, spec.engine, spec.dtype, spec.fault, tasks_dir, out, progress, built,
+                                          key)
+    release_memory()  # the engine is done: its buffers go back before the judge runs
+    phases["engine_s"], t = round(time.time() - t, 1), time.time()
+    judged, judge_lm, _ = run_engine(spec, spec.against, "float32", None, tasks_dir, out, progress,
+                                     answers=None if spec.judge_decodes else eng_lm.journal_record)
+    engines = {spec.against: judged, key: tested}
+    phases["judge_s"], t = round(time.time() - t, 1), time.time()
+    if requests:
+        parity_records(judge_lm, eng_lm, requests, tested["records"], spec.dtype, progress)
+        eng_dir = out / key  # the records with their parity, as the folder's records.jsonl
+        (eng_dir / "records.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n"
+                                                       for r in tested["records"]))
     context = {"dataset": _dataset(src, data, bundled, n_items, spec), "weights_sha256": model.weights.sha256,
                "api": api_notes, "bundled": bundled, "n_items": n_items}
+    phases["parity_s"] = round(time.time() - t, 1)
     result = assemble(spec, engines, context, time.time() - t0)
+    result["phases"] = phases  # wall seconds of each phase of this process (a resumed run: of its own work)
     write_json(out / "comparison.json", result)
     typed = {k: result.pop(k) for k in ("verdict", "task", "variant", "items", "model", "settle")}
     return RunResult(**typed, not_checked=tuple(result.pop("not_checked")), warnings=tuple(result.pop("warnings")),
