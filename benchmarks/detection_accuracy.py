@@ -1,5 +1,6 @@
-"""The detection table's accuracy-only column (issue 14): does an lm-eval-style accuracy comparison
-(the paired verdict of `evalsuite run`) catch each fault? A fault is caught when the run FAILs.
+"""Does `evalsuite run` catch each fault? A fault is caught when the run FAILs; each row says through which part:
+the paired accuracy verdict (an lm-eval-style comparison, the detection table's accuracy-only column) or the parity
+part (every answer position against the judge's greedy track).
 
     .venv/bin/python -m benchmarks.detection_accuracy --task gpqa --limit 100 --data ../shared/data \\
         --out benchmarks/results/detection-accuracy-gpqa.json
@@ -58,7 +59,14 @@ def main(argv=None) -> int:
             rows.append({"fault": f, "model": model, "error": (p.stderr.strip().splitlines() or ["?"])[-1]})
         else:
             r = json.loads(p.stdout)
+            pa = r.get("parity") or {}
             rows.append({"fault": f, "model": model, "verdict": r["verdict"], "caught": r["verdict"] == "FAIL",
+                         "caught_by_accuracy": "accuracy" in r.get("failed_by", []),
+                         "caught_by_parity": "parity" in r.get("failed_by", []),
+                         "parity": {k: pa.get(k) for k in ("run", "judged", "items", "items_failing",
+                                                           "real_mismatches")}
+                         | {"first_failure": (pa.get("first_failures") or [None])[0]},
+                         "judge_work": r.get("judge_work"),
                          "items": r["items"], "accuracy": {k: v["accuracy"] for k, v in r["engines"].items()},
                          "paired": {k: r["paired"].get(k) for k in ("b", "c", "loss_p", "loss_upper")},
                          "weights_sha256": r.get("weights_sha256"),

@@ -53,7 +53,8 @@ def main(argv=None) -> int:
     base = ["run", a.task, "--model", a.model, "--limit", str(a.limit), "--data", a.data, "--json"]
     base += ["--variant", a.variant] if a.variant else []
     out: dict = {"benchmark": "judge_scoring", "task": a.task, "variant": a.variant, "model": a.model,
-                 "limit": a.limit, "data": a.data, "commit": commit(Path(__file__).resolve().parent), "versions": versions()}
+                 "limit": a.limit, "data": a.data, "commit": commit(Path(__file__).resolve().parent),
+                 "versions": versions()}
     runs = {}
     for mode in ("scores", "decodes"):
         d = work / mode

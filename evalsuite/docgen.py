@@ -14,10 +14,12 @@ from evalsuite.doctables import (
     RESULTS,
     detection,
     detection_accuracy,
+    detection_run,
     diff_cost,
     false_alarms,
     fault_catalogue,
     gsm8k_full,
+    judge_scoring,
     noise_floor,
     recipe_check,
     reference_accuracy,
@@ -50,6 +52,8 @@ TABLES = (
     Table("diff-cost", "docs/verdicts.md", diff_cost),
     Table("reference-accuracy", "docs/models.md", reference_accuracy),
     Table("gsm8k-full", "docs/benchmarks.md", gsm8k_full),
+    Table("judge-scoring", "docs/benchmarks.md", judge_scoring),
+    Table("detection-run-gsm8k", "docs/faults.md", detection_run("gsm8k")),
 )
 
 

@@ -142,6 +142,59 @@ def detection_accuracy(task: str) -> Callable[[Path], str]:
     return render
 
 
+def detection_run(task: str) -> Callable[[Path], str]:
+    """benchmarks/detection_accuracy.py's rows with the parity part: which part of `run` caught each fault."""
+    rel = f"{RESULTS}/detection-run-{task}.json"
+
+    def render(root: Path) -> str:
+        doc = _load(root, rel)
+        if doc is None:
+            return _absent(rel)
+        body = []
+        for r in doc.get("rows", []):
+            by = [k for k in ("accuracy", "parity") if r.get(f"caught_by_{k}")]
+            ff = _get(r, "parity", "first_failure") or {}
+            where = f"item {ff['doc_id']}, position {ff['position']} ({ff.get('kind', '?')})" if ff else "none"
+            body.append([r.get("fault") or "faithful", r.get("model", MISSING), _num(r.get("items")),
+                         _num(_get(r, "accuracy", "reference"), "{:.2f}"),
+                         _num(_get(r, "accuracy", "megakernel"), "{:.2f}"),
+                         f"{_num(_get(r, 'paired', 'b'))} / {_num(_get(r, 'paired', 'c'))}",
+                         f"{_num(_get(r, 'parity', 'items_failing'))} of {_num(_get(r, 'parity', 'items'))}", where,
+                         r.get("verdict", MISSING), " and ".join(by) or "not caught"])
+        head = ["fault", "model", "items", "reference", "megakernel", "b / c", "parity: items failing",
+                "first failure", "verdict", "caught by"]
+        return _source(rel, how=f" ({_num(doc.get('limit'))} items of {task})") + _table(head, body)
+
+    return render
+
+
+def judge_scoring(root: Path) -> str:
+    """benchmarks/judge_scoring.py: the judge scoring the engine's answers against decoding its own."""
+    rows, rels = [], []
+    for path in sorted((root / RESULTS).glob("judge-scoring-*.json")):
+        doc = json.loads(path.read_text("utf-8"))
+        rels.append(f"{RESULTS}/{path.name}")
+        c, sc, de = doc.get("comparison") or {}, doc.get("scores") or {}, doc.get("decodes") or {}
+        whole, judge = c.get("whole_run_s") or {}, c.get("judge_phase_s") or {}
+        rows.append([f"{doc.get('task')}/{doc.get('variant') or 'default'}", doc.get("model", MISSING),
+                     f"{_num(c.get('judge_answers_identical'))} of {_num(c.get('items'))}",
+                     " / ".join(c.get("verdicts") or [MISSING]),
+                     f"{_num(c.get('judge_decoded_tokens'))} of {_num(c.get('engine_generated_tokens'))} "
+                     f"({_pct(c.get('decoded_share'))})",
+                     f"{_num(judge.get('scores'), '{} s')} / {_num(judge.get('decodes'), '{} s')}",
+                     f"{_num(whole.get('scores'), '{} s')} / {_num(whole.get('decodes'), '{} s')} "
+                     f"({_num(c.get('whole_run_speedup'), '{}x')})",
+                     f"{_num(sc.get('peak_rss_gb'), '{} GB')} / {_num(de.get('peak_rss_gb'), '{} GB')}",
+                     f"{_num(_get(sc, 'parity', 'items_identical'))} of {_num(_get(sc, 'parity', 'items'))}, "
+                     f"{_num(_get(sc, 'parity', 'items_failing'))} failing"])
+    if not rows:
+        return _absent(f"{RESULTS}/judge-scoring-*.json")
+    head = ["task", "model", "judge's answers identical", "verdict (scores / decodes)",
+            "judge decoded, of the engine's tokens", "judge phase (scores / decodes)",
+            "whole run (scores / decodes)", "peak RSS (scores / decodes)", "parity: answers identical"]
+    return _source(*rels) + _table(head, rows)
+
+
 # ---------------------------------------------------------------------------------------------- false alarms
 
 

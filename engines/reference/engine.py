@@ -23,6 +23,7 @@ from engines.base import (
     Scored,
     call_groups,
     check_prompts,
+    next_bucket,
     next_pow2,
     source_fingerprint,
 )
@@ -319,7 +320,7 @@ class ReferenceEngine(Engine):
     def _score_rows(self, seqs: list[list[int]], plens: list[int], P: int, k: int) -> list[Forced]:
         """One call of score_topk: rows seq[P:-1] prefilled (over the shared prefix's cache when P > 0), scored at
         the positions that predict seq[plen:]."""
-        T = next_pow2(max(len(s) - 1 - P for s in seqs), MIN_PREFILL_BUCKET)
+        T = next_bucket(max(len(s) - 1 - P for s in seqs), MIN_PREFILL_BUCKET)
         S = next_pow2(max(len(s) - n for s, n in zip(seqs, plens)))
         B = next_pow2(len(seqs))
         tokens = np.zeros((B, T), np.int32)

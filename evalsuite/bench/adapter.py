@@ -313,13 +313,14 @@ class EngineLM(TemplateLM):
         """The judge's answers to one chunk of requests from the engine's (bench.scoring.judge_answers)."""
         from evalsuite.bench.scoring import Answer, judge_answers
 
-        answers = [Answer(list(p), list(r["token_ids"]), r["finish_reason"], _array(r.get("top_ids"), np.int64),
-                          _array(r.get("top_logprobs"), np.float64), bool(r.get("ids_exact", True)))
+        answers = [Answer(list(p), list(r["token_ids"]), r["finish_reason"], journal_array(r.get("top_ids"), np.int64),
+                          journal_array(r.get("top_logprobs"), np.float64), bool(r.get("ids_exact", True)))
                    for p, r in zip(prompts, recs)]
         got = judge_answers(self.engine, answers, max_toks, self.model.tokenizer.eos_ids, check, PARITY_TOPK)
         for j, jd in enumerate(got):
             done(j, jd.generation, extra={"scored": jd.scored, "decoded": jd.decoded, "decoded_from": jd.decoded_from,
-                                          "why": jd.why, "engine_answer_key": recs[j]["key"]})
+                                          "why": jd.why, "near_ties": jd.near_ties,
+                                          "engine_answer_key": recs[j]["key"]})
 
     def _gen_request(self, ctx: str, kw) -> tuple[list[str], int, str]:
         """(stop strings, max tokens, journal key) of one generate_until request."""
@@ -361,7 +362,7 @@ def _tokens_record(g) -> dict:
             "ids_exact": bool(getattr(g, "ids_exact", True))}
 
 
-def _array(rows, dtype) -> np.ndarray | None:
+def journal_array(rows, dtype) -> np.ndarray | None:
     """A journaled [n, k] list back to an array (null: NaN)."""
     if rows is None:
         return None

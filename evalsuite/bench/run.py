@@ -199,7 +199,7 @@ def run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks_
                "generated_tokens": gen.get("generated_tokens")}
         if "scored" in gen:  # the judge in scoring mode: what it scored and decoded itself
             rec |= {"scored_tokens": gen["scored"], "decoded_tokens": gen["decoded"],
-                    "decoded_from": gen["decoded_from"], "scoring": gen["why"]}
+                    "decoded_from": gen["decoded_from"], "scoring": gen["why"], "near_ties": gen.get("near_ties", 0)}
         for f, other in by_filter.items():
             rec[f"correct_{f}"] = bool(other[doc_id][metric] > 0.5)
         records.append(rec)
@@ -223,6 +223,8 @@ def parity_records(judge_lm, eng_lm, requests: dict, records: list[dict], dtype:
 
     tol = rule.Tolerances.for_dtype(dtype)
     tok = judge_lm.model.tokenizer
+    from evalsuite.bench.adapter import journal_array
+
     gen = [r for r in records if r["doc_id"] in requests]
     for n, r in enumerate(gen):
         ctx, kw = requests[r["doc_id"]]
@@ -233,13 +235,11 @@ def parity_records(judge_lm, eng_lm, requests: dict, records: list[dict], dtype:
         if not e.get("ids_exact", True):
             r["parity"] = {"not_checked": "the server returned text whose ids could not be recovered exactly"}
             continue
-        from evalsuite.bench.adapter import _array
-
         prompt = judge_lm.request_prompt(ctx, kw)
-        a = Answer(prompt, e["token_ids"], e["finish_reason"], _array(e["top_ids"], np.int64),
-                   _array(e["top_logprobs"], np.float64))
-        rg = Answer(prompt, j["token_ids"], j["finish_reason"], _array(j["top_ids"], np.int64),
-                    _array(j["top_logprobs"], np.float64)).generation()
+        a = Answer(prompt, e["token_ids"], e["finish_reason"], journal_array(e["top_ids"], np.int64),
+                   journal_array(e["top_logprobs"], np.float64))
+        rg = Answer(prompt, j["token_ids"], j["finish_reason"], journal_array(j["top_ids"], np.int64),
+                    journal_array(j["top_logprobs"], np.float64)).generation()
         until = judge_lm._gen_request(ctx, kw)[0]
         witnessed: list = []
         rec = judge_item(judge_lm.engine, a, rg, tol, witnessed,
@@ -377,6 +377,8 @@ def parity_summary(records: list[dict], declared: dict, spec: RunSpec) -> dict:
     missing = [f"item {r['doc_id']}: {(r.get('parity') or {}).get('not_checked', 'no parity record')}"
                for r in gen if not r.get("parity") or "not_checked" in r["parity"]]
     witnessed = [r["parity"]["witness"] for r in gen if r.get("parity") and r["parity"].get("witness")]
+    if items and all(it["record"].get("max_dlogprob") is None for it in items):
+        missing.insert(0, "logprobs: the engine reported none with its answers, so only token identity was compared")
     out = parity(items, bool(declared.get("judged")), declared.get("why_not"),
                  rule.Tolerances.for_dtype(spec.dtype), witnessed, missing[:FIRST_MISSING] + (
                      [f"... and {len(missing) - FIRST_MISSING} more items"] if len(missing) > FIRST_MISSING else []))
@@ -400,7 +402,8 @@ def judge_work(judge: list[dict], engine: list[dict]) -> dict:
         why[r["scoring"]] = why.get(r["scoring"], 0) + 1
     return {"mode": "scores", "engine_generated": gen, "judge_scored": sum(r["scored_tokens"] for r in scored),
             "judge_decoded": decoded, "decoded_share": decoded / gen if gen else None,
-            "items_decoded": sum(r["decoded_from"] is not None for r in scored), "items_by_outcome": why}
+            "items_decoded": sum(r["decoded_from"] is not None for r in scored), "items_by_outcome": why,
+            "near_ties_decided_by_a_decode_step": sum(r.get("near_ties", 0) for r in scored)}
 
 
 def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: None) -> RunResult:
@@ -431,7 +434,8 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
                f"{spec.dtype}`; here the float32 judge's tracks are compared and reported"
                if spec.dtype != "float32" else None)
     api_notes = {"engine_capabilities": caps.report(), "notes": list(caps.notes), "forced_path": caps.forced_path,
-                 "not_checked": caps.not_checked(uses_forced), "parity": {"judged": why_not is None, "why_not": why_not}}
+                 "not_checked": caps.not_checked(uses_forced),
+                 "parity": {"judged": why_not is None, "why_not": why_not}}
     # the engine under test first: the judge then scores its answers (or, --judge-decodes, decodes its own)
     key = spec.engine if spec.engine != spec.against else spec.engine + "-under-test"  # its own folder, journal
     phases = {"setup_s": round(time.time() - t0, 1)}

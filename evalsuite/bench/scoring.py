@@ -3,9 +3,10 @@
 Greedy decoding makes the judge's own answer cheap to know: feed the engine's answer (prompt + its generated ids)
 through the judge in one teacher-forced pass (Engine.score_topk, the prefill path). Where the judge's argmax is the
 engine's token at every position and its stop condition falls where the engine stopped, the judge's greedy answer
-is the engine's, by induction, and it decodes nothing; from the first position where they part (or where the judge's
-own top-1 and top-2 are too close for the prefill path to speak for its decode path: TIE_GUARD), the judge decodes
-its own continuation. `judge_answers` returns the judge's answers with how many tokens it scored and decoded.
+is the engine's, by induction, and it decodes nothing; from the first position where they part, the judge decodes
+its own continuation. Where the judge's own top-1 and top-2 are too close for its prefill path to speak for its
+decode path (TIE_GUARD), one decode step decides the position, as in the judge's own decoding.
+`judge_answers` returns the judge's answers with how many tokens it scored and decoded.
 
 The same records give the parity part: the one comparison rule (rule.compare_prompt) on every answer position of
 every item, the engine's generation against the judge's greedy track, flagged items judged again with full logits
@@ -22,11 +23,11 @@ import numpy as np
 from engines.base import Forced, Generation
 from evalsuite.compare import rule, witness
 
-# The judge's prefill-path top-1 is trusted for its decode path only where its top-1 and top-2 logprobs are at least
-# this far apart. The two paths of the reference differ by at most 1.91e-4 per logit (docs/rule.md's float32 floor:
-# its score path against its own KV-cache decode, 4,096 positions), so their argmaxes can differ only where the
-# top-2 gap is under twice that (3.8e-4); the guard is the rule's float32 NOISE_TOL (1.6e-3, 8.4x the floor's
-# 2x), the gap under which the rule itself calls a flip a near-tie. Below it the judge decodes the position itself.
+# Where the judge's top-1 and top-2 logprobs are closer than this, its prefill path does not speak for its decode
+# path: the two differ by at most 1.91e-4 per logit (docs/rule.md's float32 floor: the reference's score path against
+# its own KV-cache decode, 4,096 positions), so their argmaxes can differ only where the top-2 gap is under twice that
+# (3.8e-4); the guard is the rule's float32 NOISE_TOL (1.6e-3, 8.4x the floor's 2x), the gap under which the rule
+# itself calls a flip a near-tie. There the judge takes its token from a decode step, as its own decoding does.
 TIE_GUARD = rule.NOISE_TOL["float32"]
 FIRST_FAILURES = 10  # parity: the first failing items the report names
 
@@ -60,26 +61,54 @@ class Judged:
     decoded: int
     decoded_from: int | None
     why: str
+    near_ties: int = 0  # positions a decode step decided (their prefill top-2 gap under TIE_GUARD)
 
 
 def _stops(stop_ids: set[int], check: Callable | None, ids: list[int]) -> bool:
     return bool(ids) and (int(ids[-1]) in stop_ids or bool(check and check(ids)))
 
 
-def _walk(a: Answer, f: Forced, max_new: int, stop_ids: set[int], check) -> tuple[int | None, int | None, str]:
-    """(end, start, why) for one answer: the judge's answer is a.tokens[:end] (start None), or it decodes from start."""
-    n = len(a.tokens)
-    vals = np.asarray(f.top_logprobs, np.float64)
-    for j in range(min(n, max_new)):
-        if int(f.top_ids[j, 0]) != int(a.tokens[j]):
-            return None, j, "disagreed"
-        if vals.shape[1] > 1 and vals[j, 0] - vals[j, 1] < TIE_GUARD:
-            return None, j, "near-tie"
-        if _stops(stop_ids, check, a.tokens[:j + 1]):
-            return j + 1, None, "agreed" if j + 1 == n else "engine went past the stop"
-    if n >= max_new:
-        return max_new, None, "agreed" if n == max_new else "engine went past its token budget"
-    return None, n, "engine stopped early"
+class _Walk:
+    """One answer walked position by position (see judge_answers): where the judge's answer ends inside the engine's
+    (end), or where it decodes from (start) and with which token its own path chose there (first, or None: its
+    decoding picks it), its top-k row at each near-tie its decode path decided, and why."""
+
+    def __init__(self, judge, a: Answer, f: Forced, max_new: int, stop_ids: set[int], check, k: int):
+        self.end = self.start = self.first = None
+        self.rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # position -> the decode path's (ids, logprobs)
+        n = len(a.tokens)
+        vals = np.asarray(f.top_logprobs, np.float64)
+        for j in range(min(n, max_new)):
+            top = int(f.top_ids[j, 0])
+            if j > 0 and vals.shape[1] > 1 and vals[j, 0] - vals[j, 1] < TIE_GUARD:
+                # a near-tie: the judge's own decoding takes position j from a decode step (position 0 from the
+                # prompt's prefill, which the scoring pass is), so a decode step decides it here too
+                d = judge.forced_topk([list(a.prompt) + list(a.tokens[:j])], [[int(a.tokens[j])]], k)[0]
+                self.rows[j] = (np.asarray(d.top_ids)[0], np.asarray(d.top_logprobs, np.float64)[0])
+                top = int(d.top_ids[0, 0])
+                if top != int(a.tokens[j]):
+                    self.start, self.first, self.why = j, top, "near-tie"
+                    return
+            elif top != int(a.tokens[j]):
+                self.start, self.why = j, "disagreed"
+                return
+            if _stops(stop_ids, check, a.tokens[:j + 1]):
+                self.end, self.why = j + 1, "agreed" if j + 1 == n else "engine went past the stop"
+                return
+        if n >= max_new:
+            self.end, self.why = max_new, "agreed" if n == max_new else "engine went past its token budget"
+        else:
+            self.start, self.why = n, "engine stopped early"
+
+    def track(self, f: Forced, upto: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The judge's top-k rows over the engine's first `upto` positions: the scoring pass's, a decode step's at
+        each near-tie."""
+        ids = np.asarray(f.top_ids[:upto], np.int64).reshape(upto, k if not upto else -1)[:, :k].copy()
+        lps = np.asarray(f.top_logprobs[:upto], np.float64).reshape(upto, k if not upto else -1)[:, :k].copy()
+        for j, (i, v) in self.rows.items():
+            if j < upto:
+                ids[j], lps[j] = i[:k], v[:k]
+        return ids, lps
 
 
 def judge_answers(judge, answers: Sequence[Answer], max_new: int, stop_ids: Sequence[int], check: Callable | None,
@@ -89,37 +118,51 @@ def judge_answers(judge, answers: Sequence[Answer], max_new: int, stop_ids: Sequ
     (evalsuite.stops.stop_check), applied to all generated ids as the engines apply it."""
     stop = {int(s) for s in stop_ids}
     forced = judge.score_topk([a.prompt for a in answers], [a.tokens for a in answers], k)
+    walks = [_Walk(judge, a, f, max_new, stop, check, k) for a, f in zip(answers, forced)]
     out: list[Judged | None] = [None] * len(answers)
-    fresh, later = [], []  # rows to decode from their prompt (one call), and from inside their answer (one each)
-    walks = []
-    for i, (a, f) in enumerate(zip(answers, forced)):
-        end, start, why = _walk(a, f, max_new, stop, check)
-        walks.append((start, why))
-        if start is None:
-            fin = "stop" if _stops(stop, check, a.tokens[:end]) else "length"
-            out[i] = Judged(Generation(list(a.prompt), list(a.tokens[:end]), f.top_ids[:end], f.top_logprobs[:end],
-                                       fin), len(a.tokens), 0, None, why)
-        else:
-            (fresh if start == 0 else later).append(i)
+    for i, (a, f, w) in enumerate(zip(answers, forced, walks)):
+        if w.start is None:
+            ids, lps = w.track(f, w.end, k)
+            fin = "stop" if _stops(stop, check, a.tokens[:w.end]) else "length"
+            out[i] = Judged(Generation(list(a.prompt), list(a.tokens[:w.end]), ids, lps, fin), len(a.tokens), 0,
+                            None, w.why, len(w.rows))
+    fresh = [i for i, w in enumerate(walks) if w.start == 0]  # decoded from the prompt: one batched call
     gens: dict[int, Generation] = {}
     if fresh:
         for i, g in zip(fresh, judge.generate([answers[i].prompt for i in fresh], max_new, stop_ids=list(stop),
                                               top_k=k, stop_check=check)):
             gens[i] = g
-    for i in later:
-        a, start = answers[i], walks[i][0]
-        head = list(a.tokens[:start])
-        row_check = (lambda ids, head=head: check(head + list(ids))) if check else None
-        gens[i] = judge.generate([list(a.prompt) + head], max_new - start, stop_ids=list(stop), top_k=k,
-                                 stop_check=row_check)[0]
+    for i in [i for i, w in enumerate(walks) if w.start]:  # from inside the answer: one call each
+        gens[i] = _decode_from(judge, answers[i], walks[i], max_new, stop, check, k)
     for i, g in gens.items():
-        a, f, (start, why) = answers[i], forced[i], walks[i]
-        ids = np.concatenate([np.asarray(f.top_ids[:start]).reshape(start, -1)[:, :k], np.asarray(g.top_ids)[:, :k]])
-        lps = np.concatenate([np.asarray(f.top_logprobs[:start]).reshape(start, -1)[:, :k],
-                              np.asarray(g.top_logprobs)[:, :k]])
-        out[i] = Judged(Generation(list(a.prompt), list(a.tokens[:start]) + list(g.token_ids), ids, lps,
-                                   g.finish_reason), len(a.tokens), len(g.token_ids), start, why)
+        a, w = answers[i], walks[i]
+        ids, lps = w.track(forced[i], w.start, k)
+        ids = np.concatenate([ids, np.asarray(g.top_ids, np.int64)[:, :k]])
+        lps = np.concatenate([lps, np.asarray(g.top_logprobs, np.float64)[:, :k]])
+        out[i] = Judged(Generation(list(a.prompt), list(a.tokens[:w.start]) + list(g.token_ids), ids, lps,
+                                   g.finish_reason), len(a.tokens), len(g.token_ids), w.start, w.why, len(w.rows))
     return out
+
+
+def _decode_from(judge, a: Answer, w: _Walk, max_new: int, stop: set[int], check, k: int) -> Generation:
+    """The judge's own continuation from position w.start of the engine's answer (its first token w.first where a
+    decode step chose it at a near-tie)."""
+    head = list(a.tokens[:w.start])
+    if w.first is None:
+        row_check = (lambda ids: check(head + list(ids))) if check else None
+        return judge.generate([list(a.prompt) + head], max_new - w.start, stop_ids=list(stop), top_k=k,
+                              stop_check=row_check)[0]
+    ids, lps = w.rows[w.start]
+    first = [w.first]
+    if _stops(stop, check, head + first) or w.start + 1 >= max_new:
+        return Generation(list(a.prompt) + head, first, ids[None, :k], lps[None, :k],
+                          "stop" if _stops(stop, check, head + first) else "length")
+    row_check = (lambda t: check(head + first + list(t))) if check else None
+    g = judge.generate([list(a.prompt) + head + first], max_new - w.start - 1, stop_ids=list(stop), top_k=k,
+                       stop_check=row_check)[0]
+    return Generation(list(a.prompt) + head, first + list(g.token_ids),
+                      np.concatenate([ids[None, :k], np.asarray(g.top_ids)[:, :k]]),
+                      np.concatenate([lps[None, :k], np.asarray(g.top_logprobs, np.float64)[:, :k]]), g.finish_reason)
 
 
 def judge_item(judge, a: Answer, rg: Generation, tol: rule.Tolerances, witnessed: list,

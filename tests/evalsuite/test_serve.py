@@ -244,6 +244,15 @@ def test_run_gsm8k_through_the_api_matches_in_process(mini_server, tmp_path):
     assert [x["extracted"] for x in recs["openai"]] == [x["extracted"] for x in recs["reference"]]
     assert [x["response"] for x in recs["openai"]] == [x["response"] for x in recs["reference"]]
     assert r["verdict"] == "INCONCLUSIVE" and r["paired"]["b"] == r["paired"]["c"] == 0
+    # the parity part over the API: the served megakernel's ids and top-5 logprobs against the judge's greedy track
+    pa = r["parity"]
+    assert pa["judged"] and pa["items"] == 8 and pa["items_failing"] == 0 and pa["not_checked"] == []
+    # a server that declares numerics of its own has its parity reported, not judged
+    q = cli("run", "gsm8k", "--engine", "openai", "--base-url", mini_server + "/v1", "--model", "mini-llama",
+            "--limit", "2", "--engine-option", "numerics=Q8_0 weights", "--output", str(tmp_path / "q"), "--json")
+    assert q.returncode == 3, q.stderr[-2000:]
+    pq = json.loads(q.stdout)["parity"]
+    assert not pq["judged"] and "Q8_0 weights" in pq["why_not_judged"] and pq["items"] == 2
 
 
 def test_cli_errors_are_one_line():

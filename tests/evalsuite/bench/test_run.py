@@ -142,7 +142,7 @@ def test_kill_and_resume_loses_and_redoes_nothing(tmp_path):
     # the sanity task: short generations, so the kill (after the first journaled batch) is all the test waits for
     args = [sys.executable, "-m", "evalsuite.cli", "run", "sanity", "--model", "mini-llama", "--limit", "100",
             "--output", str(out), "--json"]
-    journal = out / "reference" / "journal.jsonl"
+    journal = out / "megakernel" / "journal.jsonl"  # the engine under test runs first, 8 answers a call
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **OFFLINE})
     deadline = time.time() + 600
     while time.time() < deadline:  # wait until at least one batch is journaled, then kill mid-run
@@ -163,7 +163,7 @@ def test_kill_and_resume_loses_and_redoes_nothing(tmp_path):
     whole = tmp_path / "whole"  # the same run, never interrupted: the same requests, nothing missing
     p = cli("run", "sanity", "--model", "mini-llama", "--limit", "100", "--output", str(whole), "--json")
     assert p.returncode in (0, 1, 3), p.stderr[-2000:]
-    want = {json.loads(x)["key"] for x in (whole / "reference" / "journal.jsonl").read_text().splitlines()}
+    want = {json.loads(x)["key"] for x in (whole / "megakernel" / "journal.jsonl").read_text().splitlines()}
     assert set(keys) == want and len(before) < len(want), "nothing missing; the kill landed mid-run"
 
 
@@ -189,6 +189,25 @@ def test_faulty_engine_fails_on_the_sanity_task(tmp_path):
             "--output", str(tmp_path / "f"))
     assert p.returncode == 1, p.stderr[-2000:]
     assert p.stdout.startswith("FAIL") and "a loss is shown" in p.stdout and "warning: responses differ" in p.stdout
+
+
+def test_a_fault_accuracy_misses_fails_through_the_parity_part(tmp_path):
+    """attn_scale on mini-llama, 8 sanity items: no accuracy to lose (both engines score 0), but the parity part
+    finds the engine's answers beyond the rule's bounds and FAILs the run, naming the item and position; the judge
+    decoded only where its greedy answer parted from the engine's."""
+    p = cli("run", "sanity", "--model", "mini-llama", "--limit", "8", "--fault", "attn_scale",
+            "--output", str(tmp_path / "f"), "--json")
+    assert p.returncode == 1, p.stderr[-2000:]
+    r = json.loads(p.stdout)
+    assert r["failed_by"] == ["parity"] and r["paired"]["b"] == 0
+    pa = r["parity"]
+    assert pa["judged"] and pa["items_failing"] > 0 and pa["first_failures"][0]["position"] >= 0
+    w = r["judge_work"]
+    assert w["mode"] == "scores" and w["judge_scored"] == w["engine_generated"] > 0
+    assert w["judge_decoded"] < w["engine_generated"]
+    t = cli("run", "sanity", "--model", "mini-llama", "--limit", "8", "--fault", "attn_scale",
+            "--output", str(tmp_path / "f"))  # resumed from the journals: the text names the part and the item
+    assert t.returncode == 1 and "FAIL through the parity part" in t.stdout and "position" in t.stdout
 
 
 @pytest.mark.heavy  # CI reaches the same PASS through verify (tests/evalsuite/test_evidence.py, sanity, 240 items)
