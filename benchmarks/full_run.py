@@ -31,7 +31,7 @@ def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "evalsuite.cli", *args], cwd=ROOT, text=True, **kw)
 
 
-def _run_measured(*args: str) -> tuple[int, str, float, float]:
+def run_measured(*args: str) -> tuple[int, str, float, float]:
     """Run the CLI; return its exit code, stdout, this child's own peak RSS in GB (from wait4, as
     /usr/bin/time -v reports it, so shards run either way record the same figure) and its CPU seconds (user +
     system: against the wall time, it shows a shard that was paused or shared the cores)."""
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
             print(f"shard {i}/{n}: already in {results}", flush=True)
             continue
         t0 = time.time()
-        rc, out, peak_gb, cpu_s = _run_measured("run", a.task, *extra, "--model", a.model, "--data", a.data,
+        rc, out, peak_gb, cpu_s = run_measured("run", a.task, *extra, "--model", a.model, "--data", a.data,
                                                  "--shard", f"{i}/{n}", "--output", str(work / f"s{i}"), "--json")
         if rc not in (0, 1, 3):
             print(f"shard {i}/{n}: run failed (exit {rc}); rerun to resume it", file=sys.stderr)

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.full_run import _run_measured
+from benchmarks.full_run import run_measured
 from evalsuite.versions import commit, versions
 
 
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
             (d / "megakernel").mkdir(parents=True)
             shutil.copy(src, d / "megakernel" / "journal.jsonl")
         t = time.time()
-        rc, stdout, rss, cpu = _run_measured(*base, "--output", str(d), *extra)
+        rc, stdout, rss, cpu = run_measured(*base, "--output", str(d), *extra)
         if rc not in (0, 1, 3):
             print(f"{mode}: evalsuite run exited {rc}", file=sys.stderr)
             return rc

@@ -31,6 +31,7 @@ import numpy as np
 
 from engines.config import Config
 from engines.errors import ModelError
+from engines.shapes import call_groups, next_bucket, next_pow2  # noqa: F401  (the engines' public part)
 
 DTYPES = ("float32", "bfloat16")
 # stop_check(generated_ids) -> True ends that row (finish_reason "stop"), e.g. when the decoded text
@@ -70,35 +71,6 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
         for block in iter(lambda: f.read(chunk), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def next_pow2(n: int, minimum: int = 1) -> int:
-    """Smallest power of two >= max(n, minimum): the shape buckets that bound recompilation."""
-    n = max(n, minimum)
-    return 1 << (n - 1).bit_length()
-
-
-def call_groups(lengths: Sequence[int], max_rows: int, token_budget: int, min_length: int) -> list[list[int]]:
-    """Split rows (by index, in order) into calls of at most max_rows rows and token_budget padded tokens, rows and
-    lengths rounded up to powers of two (lengths from min_length); a row longer than the budget goes alone."""
-    out: list[list[int]] = []
-    cur: list[int] = []
-    for i, n in enumerate(lengths):
-        longest = max([lengths[j] for j in cur] + [n])
-        if cur and (len(cur) >= max_rows or next_pow2(len(cur) + 1) * next_pow2(longest, min_length) > token_budget):
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        out.append(cur)
-    return out
-
-
-def next_bucket(n: int, minimum: int = 1) -> int:
-    """next_pow2, with 3 * 2^k added from 384 up (384, 768, 1536, ...): at long lengths a bucket wastes at
-    most a third instead of half, and every bucket from 256 up is still a multiple of 128."""
-    p = next_pow2(n, minimum)
-    return 3 * p // 4 if p >= 512 and 3 * p // 4 >= max(n, minimum) else p
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_context: int, max_new: int) -> None:

@@ -21,9 +21,7 @@ from engines.base import (
     PathLog,
     Recipe,
     Scored,
-    call_groups,
     check_prompts,
-    next_bucket,
     next_pow2,
     source_fingerprint,
 )
@@ -31,8 +29,6 @@ from engines.errors import ModelError
 from engines.lazy import as_lazy
 from engines.loop import (
     MIN_PREFILL_BUCKET,
-    MIN_SHARED_PREFIX,
-    PREFILL_TOKEN_BUDGET,
     Steps,
     cache_slots,
     forced_all,
@@ -40,6 +36,7 @@ from engines.loop import (
     greedy_all,
 )
 from engines.reference import model, sharding
+from engines.reference.scoring import PrefillScoring
 from engines.weights import Weights
 
 MAX_BATCH = 32  # rows per device call; larger prompt lists run in chunks
@@ -47,9 +44,6 @@ MAX_BATCH = 32  # rows per device call; larger prompt lists run in chunks
 # (smollm2-135m: 1.1 GB; a model beyond it gets no witness, and diff says so).
 WITNESS_MAX_BYTES = 8 * 2**30
 PER_LAYER_SKIP = ("embed", "lm_head", "final_norm")
-# score_topk: the scored positions' logits and log-softmax ([rows, positions, vocab] float32 each) of one call stay
-# under this; smollm2's 49,152-token vocabulary at 256 answer positions is 100 MB a row, so 4 rows a call.
-SCORE_LOGIT_BYTES = 512 << 20
 # Kept in float32 in every mode, like the norms: they are added, not multiplied into a matmul.
 F32_ARRAYS = ("router_bias", "bq", "bk", "bv", "bo", "sinks", "e_gate_b", "e_up_b", "e_down_b")
 
@@ -101,7 +95,7 @@ def _programs(c, m, r) -> dict:
     }
 
 
-class ReferenceEngine(Engine):
+class ReferenceEngine(PrefillScoring, Engine):
     """Pure-JAX reference. Its KV cache holds the slots the rows have reached (engines.loop.cache_slots),
     not the loop's full prompt + max_new, and grows by buckets during decode: a decode step's attention
     reads every slot of its cache, so an oversized cache is read for nothing (batch 32 at 1,000 tokens:
@@ -286,71 +280,6 @@ class ReferenceEngine(Engine):
         """Every continuation token scored by a decode step (engines.loop.forced_from_decode)."""
         return forced_from_decode(self.decode_forced, prompts, continuations, k, want_logits)
 
-    def score_topk(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
-                   k: int = 5) -> list[Forced]:
-        """Every continuation token scored in one forward pass a row (the prefill path): a prefix every prompt shares
-        (lm-eval's few-shot exemplars) prefilled once, then each row's rest of prompt + continuation in calls of at
-        most PREFILL_TOKEN_BUDGET padded tokens and SCORE_LOGIT_BYTES of scored logits. On a mesh: forced_topk."""
-        c = self.config
-        seqs = [list(p) + list(x) for p, x in zip(prompts, continuations)]
-        check_prompts(seqs, c.vocab_size, c.max_context + 1, 1)
-        if not 1 <= k <= c.vocab_size:
-            raise ModelError(f"k must be in [1, {c.vocab_size}], got {k}")
-        if self.mesh is not None:
-            return self.forced_topk(prompts, continuations, k)
-        out: list[Forced | None] = [None] * len(seqs)
-        rows = [i for i, x in enumerate(continuations) if len(x)]
-        for i in set(range(len(seqs))) - set(rows):
-            out[i] = Forced(np.zeros(0), np.zeros((0, k), np.int64), np.zeros((0, k)))
-        if not rows:
-            return out
-        P = _shared_prefix([prompts[i] for i in rows])
-        P = P if P >= MIN_SHARED_PREFIX else 0
-        self._paths.hit("teacher_forced", len(rows))
-        longest = next_pow2(max(len(continuations[i]) for i in rows))
-        per_call = max(1, min(MAX_BATCH, SCORE_LOGIT_BYTES // (2 * 4 * longest * c.vocab_size)))
-        rows.sort(key=lambda i: -(len(seqs[i]) - 1 - P))
-        for group in call_groups([len(seqs[i]) - 1 - P for i in rows], per_call, PREFILL_TOKEN_BUDGET,
-                                 MIN_PREFILL_BUCKET):
-            idx = [rows[g] for g in group]
-            for i, f in zip(idx, self._score_rows([seqs[i] for i in idx], [len(prompts[i]) for i in idx], P, k)):
-                out[i] = f
-        return out
-
-    def _score_rows(self, seqs: list[list[int]], plens: list[int], P: int, k: int) -> list[Forced]:
-        """One call of score_topk: rows seq[P:-1] prefilled (over the shared prefix's cache when P > 0), scored at
-        the positions that predict seq[plen:]."""
-        T = next_bucket(max(len(s) - 1 - P for s in seqs), MIN_PREFILL_BUCKET)
-        S = next_pow2(max(len(s) - n for s, n in zip(seqs, plens)))
-        B = next_pow2(len(seqs))
-        tokens = np.zeros((B, T), np.int32)
-        at = np.zeros((B, S), np.int32)
-        nxt = np.zeros((B, S), np.int32)
-        for b, (s, n) in enumerate(zip(seqs, plens)):
-            m = len(s) - n
-            tokens[b, :len(s) - 1 - P] = s[P:-1]
-            at[b] = n - 1 - P + np.minimum(np.arange(S), m - 1)  # padding repeats the last scored position
-            nxt[b, :m] = s[n:]
-        if P:
-            prefix = tuple(seqs[0][:P])
-            if self._prefix is None or self._prefix[0] != prefix:
-                ptoks = np.zeros((1, next_pow2(P, MIN_PREFILL_BUCKET)), np.int32)
-                ptoks[0, :P] = prefix
-                self._prefix = (prefix, self._prefill_step(ptoks, np.array([P], np.int32), ptoks.shape[1], 1,
-                                                           False)[-1])
-            pk, pv = self._prefix[1]
-            kc, vc = self._seed(pk, pv, batch=B, slots=cache_slots(max(P + T, pk[0].shape[2]), 1 << 30))
-            self._paths.hit("shared_prefix")
-            if P & (P - 1):
-                self._paths.hit("shared_prefix_unaligned")
-        else:
-            kc, vc = self.new_cache(B, cache_slots(T, 1 << 30))
-        ids, vals, tok = self._score_at(self.params, self._in(tokens), self._in(np.int32(P)), self._in(at),
-                                        self._in(nxt), kc, vc, k=k, fresh=not P)
-        ids, vals, tok = np.asarray(ids), np.asarray(vals, np.float64), np.asarray(tok, np.float64)
-        return [Forced(tok[b, :len(s) - n], ids[b, :len(s) - n].astype(np.int64), vals[b, :len(s) - n])
-                for b, (s, n) in enumerate(zip(seqs, plens))]
-
     def float64_logits(self, prompt: Sequence[int], track: Sequence[int]) -> np.ndarray:
         """[len(track), V]: the same math in float64 (model.float64_math, weights cast up) teacher-forced along
         prompt + track, at the positions that predict track's tokens. The judge's own distance from exact
@@ -392,18 +321,21 @@ class ReferenceEngine(Engine):
     def _extend_step(self, prefix, tokens, lengths, slots, k, want_logits):
         """Prefill only the suffixes; the shared prefix's K/V is computed once and kept (one entry:
         lm-eval's few-shot prefix is the same for every item of a task)."""
-        if self._prefix is None or self._prefix[0] != prefix:
-            P = len(prefix)
-            ptoks = np.zeros((1, next_pow2(P, MIN_PREFILL_BUCKET)), np.int32)
-            ptoks[0, :P] = prefix
-            state = self._prefill_step(ptoks, np.array([P], np.int32), ptoks.shape[1], 1, False)[-1]
-            self._prefix = (prefix, state)
-        pk, pv = self._prefix[1]
+        pk, pv = self.prefix_cache(prefix)
         need = max(len(prefix) + tokens.shape[1], pk[0].shape[2])  # the prefix's (bucketed) cache fits whole
         kc, vc = self._seed(pk, pv, batch=tokens.shape[0], slots=cache_slots(need, slots))
         logits, kc, vc = self._extend(self.params, self._in(tokens), self._in(lengths),
                                       self._in(np.int32(len(prefix))), kc, vc)
         return (*self._head(logits, k=k, want_logits=want_logits), (kc, vc))
+
+    def prefix_cache(self, prefix: tuple[int, ...]) -> tuple[list, list]:
+        """The K/V cache of a prefix prefilled alone, kept for the next call that shares it (one entry)."""
+        if self._prefix is None or self._prefix[0] != prefix:
+            P = len(prefix)
+            ptoks = np.zeros((1, next_pow2(P, MIN_PREFILL_BUCKET)), np.int32)
+            ptoks[0, :P] = prefix
+            self._prefix = (prefix, self._prefill_step(ptoks, np.array([P], np.int32), ptoks.shape[1], 1, False)[-1])
+        return self._prefix[1]
 
     def _insert_step(self, state, rows, where, src, batch, slots):
         """Rows src of a fresh prefill's cache into batch rows where (continuous batching); the smaller
@@ -435,12 +367,3 @@ class ReferenceEngine(Engine):
         where = None if self.mesh is None else NamedSharding(self.mesh, sharding.cache_spec(self.mesh, batch))
         return ([jnp.zeros(shape, jnp.float32, device=where) for _ in range(c.n_layers)],
                 [jnp.zeros(shape, jnp.float32, device=where) for _ in range(c.n_layers)])
-
-
-def _shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
-    """The length of the prefix every prompt shares, short of each one's last token (which a row must prefill)."""
-    n = min(len(p) for p in prompts) - 1
-    first = prompts[0]
-    for p in prompts[1:]:
-        n = next((j for j in range(n) if p[j] != first[j]), n)
-    return max(n, 0)

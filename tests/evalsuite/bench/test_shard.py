@@ -14,11 +14,24 @@ import pytest
 from evalsuite.bench.export import export_run
 from evalsuite.bench.merge import merge_runs
 from evalsuite.bench.run import RunSpec, run_benchmark
+from evalsuite.compare import rule
 from evalsuite.errors import SpecError
 
 
 def records(d: Path, engine: str) -> list[dict]:
     return [json.loads(x) for x in (d / engine / "records.jsonl").read_text().splitlines()]
+
+
+def same_records(merged: list[dict], full: list[dict]) -> None:
+    """Equal, except each parity part's largest logprob distance, which may move within the float32 noise floor:
+    the judge scores a shard's answers in other batches than the full run's (batch composition changes the
+    reduction order), and only that float, never a position's verdict, may differ."""
+    assert len(merged) == len(full)
+    for m, f in zip(merged, full):
+        mp, fp = dict(m.get("parity") or {}), dict(f.get("parity") or {})
+        a, b = mp.pop("max_dlogprob", None), fp.pop("max_dlogprob", None)
+        assert (a is None) == (b is None) and abs((a or 0.0) - (b or 0.0)) <= rule.NOISE_TOL["float32"]
+        assert {**m, "parity": mp} == {**f, "parity": fp}
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +47,7 @@ def test_merge_equals_the_unsharded_run(runs):
     full = json.loads((runs / "full" / "comparison.json").read_text())
     merged = json.loads((runs / "merged" / "comparison.json").read_text())
     for engine in ("reference", "megakernel"):
-        assert records(runs / "merged", engine) == records(runs / "full", engine)  # prompt_sha256: same exemplars
+        same_records(records(runs / "merged", engine), records(runs / "full", engine))  # prompt_sha256: same exemplars
         # each shard computed (and journaled) only its own items: one generation request per gsm8k item
         assert {r["doc_id"] % 2 for r in records(runs / "s1", engine)} == {1}
         journal = (runs / "s1" / engine / "journal.jsonl").read_text().splitlines()
