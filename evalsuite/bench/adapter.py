@@ -241,7 +241,7 @@ class EngineLM(TemplateLM):
         repeats: dict[int, int] = {}  # request -> the earlier request with the same key
         theirs: dict[int, dict] = {}  # scoring mode: request -> the other engine's answer
         for i, (ctx, kw) in enumerate(args):
-            until, max_toks, key = self._gen_request(ctx, kw)
+            until, max_toks, key = self.gen_request(ctx, kw)
             if self.answers is not None:
                 theirs[i] = self._their_answer(ctx, kw)
                 key = request_key(self.identity, "gen-scored", [key, theirs[i]["key"]])
@@ -322,7 +322,7 @@ class EngineLM(TemplateLM):
                                           "why": jd.why, "near_ties": jd.near_ties,
                                           "engine_answer_key": recs[j]["key"]})
 
-    def _gen_request(self, ctx: str, kw) -> tuple[list[str], int, str]:
+    def gen_request(self, ctx: str, kw) -> tuple[list[str], int, str]:
         """(stop strings, max tokens, journal key) of one generate_until request."""
         from evalsuite.bench.journal import request_key
 
@@ -341,7 +341,7 @@ class EngineLM(TemplateLM):
 
         if self.journal is None:
             return {}
-        key = self._gen_request(ctx, kw)[2]
+        key = self.gen_request(ctx, kw)[2]
         if self.answers is not None:  # scoring mode: keyed by the answer judged too
             theirs = self.answers(ctx, kw)
             if not theirs:
@@ -351,7 +351,7 @@ class EngineLM(TemplateLM):
 
     def request_prompt(self, ctx: str, kw) -> list[int]:
         """The prompt ids a generate_until request was decoded from (its context cut to fit its token budget)."""
-        return self.tok_encode(ctx)[-(self.max_length - self._gen_request(ctx, kw)[1]):]
+        return self.tok_encode(ctx)[-(self.max_length - self.gen_request(ctx, kw)[1]):]
 
 
 def _tokens_record(g) -> dict:

@@ -36,7 +36,7 @@ def parity_records(judge_lm, eng_lm, requests: dict, records: list[dict], dtype:
                    journal_array(e["top_logprobs"], np.float64))
         rg = Answer(prompt, j["token_ids"], j["finish_reason"], journal_array(j["top_ids"], np.int64),
                     journal_array(j["top_logprobs"], np.float64)).generation()
-        until = judge_lm._gen_request(ctx, kw)[0]
+        until = judge_lm.gen_request(ctx, kw)[0]
         witnessed: list = []
         rec = judge_item(judge_lm.engine, a, rg, tol, witnessed,
                          visible=lambda ids, until=until: cut_at_stop(visible_text(tok, ids), until)[0])
