@@ -12,7 +12,8 @@ For each architecture it writes
   tests/engines/oracle/<name>.json                        transformers' greedy tokens and top-5 logprobs
 The tests (tests/engines/test_oracle.py, no torch) load each checkpoint with evalsuite's own loader and
 must reproduce the oracle. The mini models in `evalsuite models` (mini-qwen2, mini-gemma2, mini-gemma3,
-mini-gptoss) are these checkpoints.
+mini-gptoss, mini-qwen-hybrid) are these checkpoints. For the architectures in FLOAT64_RUNG the oracle also holds
+a float64 run (float64_rung), which the reference's float64 logits must match.
 
 Weights are drawn with torch.Generator(seed) in sorted parameter order, scaled so that greedy decoding
 has clear margins (transformers' own init, std 0.02, gives near-uniform logits whose argmax is decided
@@ -22,9 +23,11 @@ by rounding); the smallest top-1/top-2 logprob gap of each run is recorded in th
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +69,15 @@ def configs() -> dict:
             tie_word_embeddings=False, sliding_window=8, layer_types=slide4, attention_bias=True,
             rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
                              "beta_slow": 1.0, "original_max_position_embeddings": 64, "truncate": False}),
+        # Qwen3-Next's hybrid as Qwen3.8 stacks it (LLLF: a gated full-attention layer after three Gated DeltaNet
+        # layers), a quarter of each head rotated (Qwen3.8: 64 of 256), dense MLPs (Qwen3.8 is dense; Qwen3-Next's
+        # sparse MoE is not implemented). Two key heads serve four value heads, as Qwen3.8's 16 serve 48.
+        "mini-qwen-hybrid": t.Qwen3NextConfig(
+            **{**COMMON, "head_dim": 32}, intermediate_size=128, rms_norm_eps=1e-6, tie_word_embeddings=False,
+            layer_types=["linear_attention"] * 3 + ["full_attention"], num_experts=0,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_conv_kernel_dim=4, partial_rotary_factor=0.25,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
         # not a registry mini: the llama3-style RoPE scaling (Llama 3.1), on the plain Llama layer. With head_dim 16,
         # theta 10,000 and original 64, two of the 8 frequencies fall in the smoothed middle band (wavelengths
         # 19.9 and 62.8 between 64/4 and 64/1), one is kept and five are divided by the factor.
@@ -77,20 +89,30 @@ def configs() -> dict:
 
 
 def init_weights(model: torch.nn.Module, gemma_norms: bool, seed: int) -> None:
-    """Seeded weights with decisive logits (see the module docstring)."""
+    """Seeded weights with decisive logits (see the module docstring). gemma_norms: the norms store offsets from 1
+    (Gemma; Qwen3-Next too, but for its GDN output norm)."""
     g = torch.Generator().manual_seed(seed)
     D = model.config.hidden_size
+    qwen_next = model.config.model_type == "qwen3_next"
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             r = torch.randn(p.shape, generator=g, dtype=torch.float32)
-            if name.endswith("norm.weight") or "layernorm" in name:
+            if name.endswith("linear_attn.norm.weight"):  # Qwen3-Next's gated output norm: a plain weight
+                v = 1.0 + 0.1 * r
+            elif name.endswith("A_log"):  # decays exp(-A softplus(.)) spread over (0, 1), A in (1, 16)
+                v = torch.log(1.0 + 15.0 * torch.rand(p.shape, generator=g))
+            elif name.endswith("dt_bias"):
+                v = 1.0 + 0.1 * r
+            elif name.endswith("conv1d.weight"):  # [C, 1, taps]: fan-in is the taps
+                v = r / math.sqrt(p.shape[-1])
+            elif name.endswith("norm.weight") or "layernorm" in name:
                 v = 0.1 * r if gemma_norms else 1.0 + 0.1 * r
             elif name.endswith("sinks"):
                 v = r
             elif "bias" in name:
                 v = 0.1 * r
             elif "embed_tokens" in name:
-                v = r / math.sqrt(D) if gemma_norms else r  # Gemma multiplies embeddings by sqrt(D)
+                v = r / math.sqrt(D) if gemma_norms and not qwen_next else r  # Gemma multiplies embeddings by sqrt(D)
             elif name.startswith("lm_head"):
                 v = 4.0 * r / math.sqrt(D)
             elif "router" in name:
@@ -156,11 +178,63 @@ def greedy(model, prompt: list[int]) -> dict:
     return {"prompt": prompt, "tokens": seq[len(prompt):], "steps": steps}
 
 
+# The architectures whose oracle also runs in float64: in float32 the chunked delta rule transformers runs for
+# Qwen3-Next is itself 1.6e-4 (max |dlogprob|) from its own float64 run, more than ORACLE_TOL, so float32 alone
+# cannot tell a reference error of that size; in float64 the two implementations can be compared closely.
+FLOAT64_RUNG = ("mini-qwen-hybrid",)
+
+
+@contextmanager
+def float64_everywhere():
+    """transformers computes norms, gates and the softmax in float32 whatever the model's dtype (`.float()`,
+    `.to(torch.float32)`, softmax(dtype=torch.float32)); inside this block each of those gives float64 instead,
+    so a .double() model runs in float64 throughout. (RoPE's inverse frequencies then come out in float64 too;
+    the reference keeps transformers' float32 ones, a difference of a few 1e-9 in the logprobs.)"""
+    to, flt, softmax = torch.Tensor.to, torch.Tensor.float, torch.nn.functional.softmax
+
+    def to64(self, *args, **kw):
+        args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+        if kw.get("dtype") is torch.float32:
+            kw["dtype"] = torch.float64
+        return to(self, *args, **kw)
+
+    def softmax64(x, *args, **kw):
+        if kw.get("dtype") is torch.float32:
+            kw["dtype"] = torch.float64
+        return softmax(x, *args, **kw)
+
+    def float64(self, *args, **kw):
+        return self.double()
+
+    torch.Tensor.to, torch.Tensor.float, torch.nn.functional.softmax = to64, float64, softmax64
+    try:
+        yield
+    finally:
+        torch.Tensor.to, torch.Tensor.float, torch.nn.functional.softmax = to, flt, softmax
+
+
+def float64_rung(model, runs: list[dict]) -> dict:
+    """Each run's float32 greedy sequence teacher-forced through a float64 copy of the model (float64_everywhere):
+    the log-probabilities of each step's top-5 ids, and the float32 oracle's own distance from them."""
+    m64 = copy.deepcopy(model).double()
+    out, worst = [], 0.0
+    with torch.no_grad(), float64_everywhere():
+        for r in runs:
+            n = len(r["prompt"])
+            logp = torch.log_softmax(m64(torch.tensor([r["prompt"] + r["tokens"]])).logits[0], -1)
+            steps = [logp[n - 1 + j][s["top_ids"]].tolist() for j, s in enumerate(r["steps"])]
+            worst = max([worst] + [abs(a - b) for s, v in zip(r["steps"], steps) for a, b in zip(s["top_logprobs"], v)])
+            out.append(steps)
+    return {"how": "the float32 greedy tokens teacher-forced through model.double() with transformers' float32 casts "
+                   "lifted (benchmarks/hf_oracle.py float64_everywhere); log-probabilities of each step's top-5 ids",
+            "float32_oracle_error": worst, "top_logprobs": out}
+
+
 def build(name: str, cfg) -> None:
     torch.manual_seed(SEED)
     cfg._attn_implementation = "eager"
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
-    init_weights(model, gemma_norms=cfg.model_type.startswith("gemma"), seed=SEED)
+    init_weights(model, gemma_norms=cfg.model_type.startswith("gemma") or cfg.model_type == "qwen3_next", seed=SEED)
     out = ROOT / "engines" / "minis" / name
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
@@ -184,6 +258,8 @@ def build(name: str, cfg) -> None:
               "model_type": cfg.model_type, "seed": SEED, "n_new": N_NEW,
               "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
               "min_gap": min(s["gap"] for r in runs for s in r["steps"]), "runs": runs}
+    if name in FLOAT64_RUNG:
+        oracle["float64"] = float64_rung(model, runs)
     dest = ROOT / "tests" / "engines" / "oracle" / f"{name}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(oracle, indent=1) + "\n")

@@ -14,7 +14,7 @@ ROUTERS = ("softmax", "sigmoid")  # softmax top-k (Mixtral/Qwen-MoE/gpt-oss); bi
 NORM_STYLES = ("plain", "gemma")  # RMSNorm scale w (Llama) or 1 + w (Gemma: weights stored as offsets)
 MLP_ACTS = ("silu", "gelu_tanh")  # SwiGLU (Llama/Qwen) or GeGLU with tanh-approximated GELU (Gemma)
 EXPERT_ACTS = ("swiglu", "gptoss")  # gpt-oss: clamped gate * sigmoid(alpha * gate) * (up + 1)
-LAYER_KINDS = ("full", "sliding")
+LAYER_KINDS = ("full", "sliding", "gdn")  # gdn: Gated DeltaNet (Qwen3-Next / Qwen3.8), a recurrent layer
 ROPE_SCALINGS = ("linear", "llama3", "yarn")
 
 
@@ -67,6 +67,15 @@ class Config:
     expert_bias: bool = False  # gpt-oss: the experts' projections carry biases
     swiglu_alpha: float = 1.702  # gpt-oss expert_act only
     swiglu_limit: float = 7.0  # gpt-oss expert_act only
+    # ---- Qwen3-Next / Qwen3.8 (the Gated DeltaNet hybrid). Every default is the Llama behaviour. ----
+    attn_out_gate: bool = False  # q_proj also emits a per-head gate: attention output * sigmoid(gate) before wo
+    rotary_dim: int = 0  # RoPE rotates only the first rotary_dim dims of each head; 0 = all of head_dim
+    # Gated DeltaNet layers (layer_kinds "gdn"): key/query heads, value heads, their dims, the conv's taps
+    gdn_k_heads: int = 0
+    gdn_v_heads: int = 0
+    gdn_k_dim: int = 0
+    gdn_v_dim: int = 0
+    gdn_conv: int = 0
 
     def __post_init__(self) -> None:
         if self.family not in ("dense", "moe"):
@@ -89,6 +98,15 @@ class Config:
                 raise ValueError(f"layer_kinds must list {self.n_layers} of {LAYER_KINDS}, got {self.layer_kinds}")
             if "sliding" in self.layer_kinds and self.sliding_window < 1:
                 raise ValueError("sliding layers need sliding_window >= 1")
+            if not self.attn_layers:
+                raise ValueError("at least one attention layer is needed (the cache's slots are counted there)")
+            if "gdn" in self.layer_kinds:
+                dims = (self.gdn_k_heads, self.gdn_v_heads, self.gdn_k_dim, self.gdn_v_dim, self.gdn_conv)
+                if min(dims) < 1 or self.gdn_v_heads % self.gdn_k_heads or self.gdn_conv < 2:
+                    raise ValueError(f"gdn layers need gdn_k_heads, gdn_v_heads (a multiple of it), gdn_k_dim, "
+                                     f"gdn_v_dim >= 1 and gdn_conv >= 2, got {dims}")
+        if self.rotary_dim and (self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim):
+            raise ValueError(f"rotary_dim must be even and in (0, head_dim], got {self.rotary_dim}")
         scaling = dict(self.rope_scaling)
         if scaling and scaling.get("type") not in ROPE_SCALINGS:
             raise ValueError(f"rope_scaling type must be one of {ROPE_SCALINGS}, got {scaling.get('type')!r}")
@@ -115,6 +133,26 @@ class Config:
     def kv_size(self) -> int:
         return self.n_kv_heads * self.head_dim
 
+    @property
+    def attn_layers(self) -> tuple[int, ...]:
+        """The layers with attention (a KV cache); the attention arrays are stacked over these only."""
+        return tuple(i for i in range(self.n_layers) if self.kind(i) != "gdn")
+
+    @property
+    def gdn_layers(self) -> tuple[int, ...]:
+        """The Gated DeltaNet layers (a recurrent state); the gdn_* arrays are stacked over these only."""
+        return tuple(i for i in range(self.n_layers) if self.kind(i) == "gdn")
+
+    @property
+    def gdn_conv_dim(self) -> int:
+        """Channels of the GDN layers' causal conv: q, k (gdn_k_heads x gdn_k_dim each) and v."""
+        return 2 * self.gdn_k_heads * self.gdn_k_dim + self.gdn_v_heads * self.gdn_v_dim
+
+    @property
+    def rope_dim(self) -> int:
+        """The dims of each head RoPE rotates."""
+        return self.rotary_dim or self.head_dim
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -129,7 +167,7 @@ class Config:
                       head_dim=2, ffn=1, rope_theta=1.0, rms_eps=1.0, max_context=1, tie_embeddings=False)
         wide = ("attn_bias", "o_bias", "layer_kinds", "sliding_window", "rope_theta_local", "rope_scaling",
                 "norm_style", "post_norms", "mlp_act", "embed_scale", "query_scale", "attn_softcap",
-                "final_softcap", "attn_sinks", "expert_act", "expert_bias")
+                "final_softcap", "attn_sinks", "expert_act", "expert_bias", "attn_out_gate", "rotary_dim")
         mine, theirs = self.to_dict(), base.to_dict()
         return [f for f in wide if mine[f] != theirs[f] and not (f == "layer_kinds" and set(mine[f]) == {"full"})]
 

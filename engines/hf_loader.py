@@ -2,10 +2,12 @@
 
 Supported model_types: llama, qwen2, qwen3 (dense), qwen3_moe (softmax router), deepseek_v3 with plain
 q/k/v attention (biased sigmoid router, shared experts, first_k_dense_replace), gemma2, gemma3_text
-(Gemma3ForCausalLM) and gpt_oss (MXFP4 experts dequantised on load). RoPE scaling: linear, llama3, yarn,
-read from transformers 5's `rope_parameters` or the older `rope_theta` + `rope_scaling`. Not supported,
-each a one-line error naming it: multi-head latent attention (DeepSeek-V3/Kimi MLA tensors), grouped
-routing (n_group > 1), other RoPE scalings, Qwen2's own sliding window, MLP biases.
+(Gemma3ForCausalLM), gpt_oss (MXFP4 experts dequantised on load) and qwen3_next (the Gated DeltaNet hybrid of
+Qwen3-Next / Qwen3.8: GDN layers and gated full-attention layers with a partial RoPE; dense MLP layers only).
+RoPE scaling: linear, llama3, yarn, read from transformers 5's `rope_parameters` or the older `rope_theta` +
+`rope_scaling`. Not supported, each a one-line error naming it: multi-head latent attention (DeepSeek-V3/Kimi
+MLA tensors), grouped routing (n_group > 1), other RoPE scalings, Qwen2's own sliding window, MLP biases,
+Qwen3-Next's sparse MoE.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from engines.config import Config
 from engines.errors import ModelError
 from engines.weights import Weights
 
-SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "gemma2", "gemma3_text", "gpt_oss")
+SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "gemma2", "gemma3_text", "gpt_oss", "qwen3_next")
 GEMMA = ("gemma2", "gemma3_text")
-LAYER_KIND = {"full_attention": "full", "sliding_attention": "sliding"}
+LAYER_KIND = {"full_attention": "full", "sliding_attention": "sliding", "linear_attention": "gdn"}
 ROPE_KEYS = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
                                                "original_max_position_embeddings"),
              "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor",
@@ -96,10 +98,32 @@ def _family_fields(cfg: dict, mt: str, path: Path) -> dict:
                    query_scale=float(cfg.get("query_pre_attn_scalar") or cfg.get("head_dim") or 0),
                    attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
                    final_softcap=float(cfg.get("final_logit_softcapping") or 0.0), qk_norm=mt == "gemma3_text")
+    if mt == "qwen3_next":
+        out.update(_qwen3_next_fields(cfg, path))
     if mt == "gpt_oss":
         out.update(attn_bias=True, o_bias=True, attn_sinks=True, expert_act="gptoss", expert_bias=True,
                    swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)), swiglu_limit=float(cfg.get("swiglu_limit", 7.0)))
     return out
+
+
+def _qwen3_next_fields(cfg: dict, path: Path) -> dict:
+    """Qwen3-Next: zero-centred norms (1 + w) everywhere but the GDN output norm, q/k norms, the per-head output
+    gate, a partial RoPE, and the GDN layers' dims. Its sparse MoE (softmax router plus a sigmoid-gated shared
+    expert) is not implemented: such a checkpoint is refused."""
+    L = int(cfg.get("num_hidden_layers") or 0)
+    sparse = [i for i in range(L) if (cfg.get("num_experts") or 0) > 0 and i not in (cfg.get("mlp_only_layers") or [])
+              and (i + 1) % int(cfg.get("decoder_sparse_step") or 1) == 0]
+    if sparse:
+        raise ModelError(f"{path}: Qwen3-Next's sparse MoE layers ({len(sparse)} of {L}) are not supported; only "
+                         "dense MLP layers (num_experts=0, or every layer in mlp_only_layers)")
+    if (cfg.get("hidden_act") or "silu") != "silu":
+        raise ModelError(f"{path}: hidden_act {cfg['hidden_act']!r} is not supported (Qwen3-Next: silu)")
+    hd = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+    factor = cfg.get("partial_rotary_factor") or (cfg.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0
+    return dict(norm_style="gemma", qk_norm=True, attn_out_gate=True, rotary_dim=int(hd * float(factor)),
+                gdn_k_heads=int(cfg["linear_num_key_heads"]), gdn_v_heads=int(cfg["linear_num_value_heads"]),
+                gdn_k_dim=int(cfg["linear_key_head_dim"]), gdn_v_dim=int(cfg["linear_value_head_dim"]),
+                gdn_conv=int(cfg["linear_conv_kernel_dim"]))
 
 
 def hf_config(cfg: dict, name: str, path: Path) -> Config:
@@ -135,7 +159,7 @@ def hf_config(cfg: dict, name: str, path: Path) -> Config:
         **_rope_fields(cfg, path))
     common.update(_family_fields(cfg, mt, path))
     try:
-        if mt in ("llama", "qwen2", "qwen3") + GEMMA:
+        if mt in ("llama", "qwen2", "qwen3", "qwen3_next") + GEMMA:
             return Config(family="dense", **common)
         if mt in ("qwen3_moe", "gpt_oss"):
             experts = "num_experts" if mt == "qwen3_moe" else "num_local_experts"
@@ -248,23 +272,31 @@ class _Reader:
         return lazy_mod.Eager(np.asarray(a, np.float32)) if self.lazy else a
 
 
-def _attention_arrays(c, r: _Reader, pre: list[str]) -> dict:
-    """Embedding, norms, attention projections (and their biases, sinks, q/k norms), the LM head."""
+def _attention_arrays(c, r: _Reader, pre_all: list[str]) -> dict:
+    """Embedding, norms, attention projections (and their biases, sinks, q/k norms, output gate), the LM head.
+    The projections are stacked over the attention layers only (Config.attn_layers)."""
     gemma = c.post_norms
+    pre = [pre_all[i] for i in c.attn_layers]
     a = {
         "embed": r.get("model.embed_tokens.weight"), "final_norm": r.get("model.norm.weight"),
-        "attn_norm": r.stack([p + "input_layernorm.weight" for p in pre]),
+        "attn_norm": r.stack([p + "input_layernorm.weight" for p in pre_all]),
         # Gemma's post_attention_layernorm follows attention; its pre_feedforward_layernorm is the MLP's input norm
         "mlp_norm": r.stack([p + ("pre_feedforward_layernorm.weight" if gemma else "post_attention_layernorm.weight")
-                             for p in pre]),
+                             for p in pre_all]),
         "wq": r.stack([p + "self_attn.q_proj.weight" for p in pre], True),
         "wk": r.stack([p + "self_attn.k_proj.weight" for p in pre], True),
         "wv": r.stack([p + "self_attn.v_proj.weight" for p in pre], True),
         "wo": r.stack([p + "self_attn.o_proj.weight" for p in pre], True),
     }
     if gemma:
-        a["post_attn_norm"] = r.stack([p + "post_attention_layernorm.weight" for p in pre])
-        a["post_mlp_norm"] = r.stack([p + "post_feedforward_layernorm.weight" for p in pre])
+        a["post_attn_norm"] = r.stack([p + "post_attention_layernorm.weight" for p in pre_all])
+        a["post_mlp_norm"] = r.stack([p + "post_feedforward_layernorm.weight" for p in pre_all])
+    if c.attn_out_gate:  # q_proj's rows per head: hd of query, then hd of gate
+        qg = np.stack([np.asarray(r.get(p + "self_attn.q_proj.weight", True)) for p in pre])  # [La, D, H*2*hd]
+        qg = qg.reshape(len(pre), c.hidden, c.n_heads, 2, c.head_dim)
+        a["wq"] = r.dense(qg[:, :, :, 0].reshape(len(pre), c.hidden, c.q_size))
+        a["wg"] = r.dense(qg[:, :, :, 1].reshape(len(pre), c.hidden, c.q_size))
+    a.update(_gdn_arrays(c, r, [pre_all[i] for i in c.gdn_layers]))
     if c.attn_bias:
         for ours, theirs in (("bq", "q_proj"), ("bk", "k_proj"), ("bv", "v_proj")):
             a[ours] = r.stack([p + f"self_attn.{theirs}.bias" for p in pre])
@@ -278,6 +310,31 @@ def _attention_arrays(c, r: _Reader, pre: list[str]) -> dict:
         a["q_norm"] = r.stack([p + "self_attn.q_norm.weight" for p in pre])
         a["k_norm"] = r.stack([p + "self_attn.k_norm.weight" for p in pre])
     return a
+
+
+def _gdn_arrays(c, r: _Reader, pre: list[str]) -> dict:
+    """The Gated DeltaNet layers' arrays (engines.weights' gdn_*). Qwen3-Next fuses q, k, v and z into one
+    projection grouped by key head ([q | k | v of its Hv/Hk value heads | z of them] per key head), and b and a
+    likewise; they are split here into the head-major layout the reference reads (value head j*r + m is key head
+    j's m-th), computed whole in either loading mode."""
+    if not pre:
+        return {}
+    Hk, Hv, dk, dv, D = c.gdn_k_heads, c.gdn_v_heads, c.gdn_k_dim, c.gdn_v_dim, c.hidden
+    rv = Hv // Hk
+
+    def per_layer(name: str, transpose: bool = True) -> np.ndarray:
+        return np.stack([np.asarray(r.get(p + "linear_attn." + name, transpose)) for p in pre])
+
+    qkvz = per_layer("in_proj_qkvz.weight").reshape(len(pre), D, Hk, 2 * dk + 2 * rv * dv)
+    q, k, v, z = np.split(qkvz, [dk, 2 * dk, 2 * dk + rv * dv], axis=-1)
+    ba = per_layer("in_proj_ba.weight").reshape(len(pre), D, Hk, 2 * rv)
+    a = {"gdn_q": q.reshape(len(pre), D, Hk * dk), "gdn_k": k.reshape(len(pre), D, Hk * dk),
+         "gdn_v": v.reshape(len(pre), D, Hv * dv), "gdn_z": z.reshape(len(pre), D, Hv * dv),
+         "gdn_b": ba[..., :rv].reshape(len(pre), D, Hv), "gdn_a": ba[..., rv:].reshape(len(pre), D, Hv),
+         "gdn_conv": per_layer("conv1d.weight", False)[:, :, 0, :],
+         "gdn_A_log": per_layer("A_log", False), "gdn_dt_bias": per_layer("dt_bias", False),
+         "gdn_norm": per_layer("norm.weight", False), "gdn_out": per_layer("out_proj.weight")}
+    return {k: r.dense(np.ascontiguousarray(v, np.float32)) for k, v in a.items()}
 
 
 def _mlp_arrays(c, r: _Reader, pre: list[str]) -> dict:

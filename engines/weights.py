@@ -5,19 +5,24 @@ Layout (float32 numpy, matrices stored (in, out) so activations multiply on the 
     embed        [V, D]            lm_head     [V, D]  (absent when tied to embed)
     final_norm   [D]
     attn_norm    [L, D]            mlp_norm    [L, D]
-    wq [L, D, H*hd]   wk, wv [L, D, K*hd]   wo [L, H*hd, D]
-    q_norm, k_norm [L, hd]         (Config.qk_norm only)
+    wq [La, D, H*hd]   wk, wv [La, D, K*hd]   wo [La, H*hd, D]
+    q_norm, k_norm [La, hd]        (Config.qk_norm only)
+    wg [La, D, H*hd]               (Config.attn_out_gate: the per-head output gate)
     gate, up [Ld, D, F]   down [Ld, F, D]                       dense MLP layers
     router [Lm, D, E]   router_bias [Lm, E]                      MoE layers
     e_gate, e_up [Lm, E, D, Fm]   e_down [Lm, E, Fm, D]
     s_gate, s_up [Lm, D, Fs]      s_down [Lm, Fs, D]             (n_shared_experts > 0)
-    bq [L, H*hd]   bk, bv [L, K*hd]                              (Config.attn_bias)
-    bo [L, D]                                                    (Config.o_bias)
+    bq [La, H*hd]   bk, bv [La, K*hd]                            (Config.attn_bias)
+    bo [La, D]                                                   (Config.o_bias)
     post_attn_norm, post_mlp_norm [L, D]                         (Config.post_norms; mlp_norm is the pre-MLP one)
-    sinks [L, H]                                                 (Config.attn_sinks)
+    sinks [La, H]                                                (Config.attn_sinks)
+    gdn_q, gdn_k [Lg, D, Hk*dk]   gdn_v, gdn_z [Lg, D, Hv*dv]   gdn_b, gdn_a [Lg, D, Hv]     Gated DeltaNet layers
+    gdn_conv [Lg, C, taps]   gdn_A_log, gdn_dt_bias [Lg, Hv]   gdn_norm [Lg, dv]   gdn_out [Lg, Hv*dv, D]
     e_gate_b, e_up_b [Lm, E, Fm]   e_down_b [Lm, E, D]           (Config.expert_bias)
 
-Ld = Config.n_dense_layers (the first layers), Lm = Config.n_moe_layers (the rest).
+Ld = Config.n_dense_layers (the first layers), Lm = Config.n_moe_layers (the rest); La = the attention layers
+(Config.attn_layers: all of them but the Gated DeltaNet layers), Lg = the GDN layers (Config.gdn_layers);
+C = Config.gdn_conv_dim (the q, k and v channels, in that order), taps = Config.gdn_conv.
 Q and K columns follow Config.rope_style: a GGUF file keeps llama.cpp's interleaved order.
 """
 
@@ -73,26 +78,33 @@ class Weights:
 
 def expected_shapes(c: Config) -> dict[str, tuple[int, ...]]:
     """Every array name of a Config and its shape (see the module docstring)."""
-    L, D, hd = c.n_layers, c.hidden, c.head_dim
+    L, D, hd, La = c.n_layers, c.hidden, c.head_dim, len(c.attn_layers)
     s: dict[str, tuple[int, ...]] = {
         "embed": (c.vocab_size, D), "final_norm": (D,),
         "attn_norm": (L, D), "mlp_norm": (L, D),
-        "wq": (L, D, c.q_size), "wk": (L, D, c.kv_size), "wv": (L, D, c.kv_size),
-        "wo": (L, c.q_size, D),
+        "wq": (La, D, c.q_size), "wk": (La, D, c.kv_size), "wv": (La, D, c.kv_size),
+        "wo": (La, c.q_size, D),
     }
     if not c.tie_embeddings:
         s["lm_head"] = (c.vocab_size, D)
     if c.qk_norm:
-        s["q_norm"] = (L, hd)
-        s["k_norm"] = (L, hd)
+        s["q_norm"] = (La, hd)
+        s["k_norm"] = (La, hd)
+    if c.attn_out_gate:
+        s["wg"] = (La, D, c.q_size)
     if c.attn_bias:
-        s.update(bq=(L, c.q_size), bk=(L, c.kv_size), bv=(L, c.kv_size))
+        s.update(bq=(La, c.q_size), bk=(La, c.kv_size), bv=(La, c.kv_size))
     if c.o_bias:
-        s["bo"] = (L, D)
+        s["bo"] = (La, D)
     if c.post_norms:
         s.update(post_attn_norm=(L, D), post_mlp_norm=(L, D))
     if c.attn_sinks:
-        s["sinks"] = (L, c.n_heads)
+        s["sinks"] = (La, c.n_heads)
+    if c.gdn_layers:
+        Lg, qk, vv, Hv = len(c.gdn_layers), c.gdn_k_heads * c.gdn_k_dim, c.gdn_v_heads * c.gdn_v_dim, c.gdn_v_heads
+        s.update(gdn_q=(Lg, D, qk), gdn_k=(Lg, D, qk), gdn_v=(Lg, D, vv), gdn_z=(Lg, D, vv), gdn_b=(Lg, D, Hv),
+                 gdn_a=(Lg, D, Hv), gdn_conv=(Lg, c.gdn_conv_dim, c.gdn_conv), gdn_A_log=(Lg, Hv),
+                 gdn_dt_bias=(Lg, Hv), gdn_norm=(Lg, c.gdn_v_dim), gdn_out=(Lg, vv, D))
     Ld, Lm = c.n_dense_layers, c.n_moe_layers
     if Ld:
         s.update(gate=(Ld, D, c.ffn), up=(Ld, D, c.ffn), down=(Ld, c.ffn, D))
@@ -144,9 +156,15 @@ def random_weights(c: Config, seed: int = MINI_SEED) -> Weights:
             a = MINI_ROUTER_SCALE * rng.standard_normal(shape) / np.sqrt(shape[-2])
         elif name == "router_bias":
             a = 0.1 * rng.standard_normal(shape)
+        elif name == "gdn_A_log":  # as Qwen3-Next initialises it: log U(1, 16), decays exp(-A softplus(.)) in (0, 1)
+            a = np.log(rng.uniform(1.0, 16.0, shape))
+        elif name == "gdn_dt_bias":
+            a = np.ones(shape) + 0.1 * rng.standard_normal(shape)
+        elif name == "gdn_conv":  # depthwise taps: fan-in is the taps
+            a = rng.standard_normal(shape) / np.sqrt(shape[-1])
         else:
             fan_in = shape[-2]
-            scale = MINI_OUT_PROJ_SCALE if name in ("wo", "down", "e_down", "s_down") else 1.0
+            scale = MINI_OUT_PROJ_SCALE if name in ("wo", "down", "e_down", "s_down", "gdn_out") else 1.0
             a = scale * rng.standard_normal(shape) / np.sqrt(fan_in)
         arrays[name] = a.astype(np.float32)
     return Weights(c, arrays, sha256=arrays_sha256(arrays), source=f"random(seed={seed})")
@@ -184,8 +202,11 @@ _REORDERED_AXES = {
     "e_gate": {2: "D", 3: "Fm"}, "e_up": {2: "D", 3: "Fm"}, "e_down": {2: "Fm", 3: "D"},
     "e_gate_b": {2: "Fm"}, "e_up_b": {2: "Fm"}, "e_down_b": {2: "D"},
     "s_gate": {1: "D", 2: "Fs"}, "s_up": {1: "D", 2: "Fs"}, "s_down": {1: "Fs", 2: "D"},
+    "wg": {1: "D"}, "gdn_q": {1: "D"}, "gdn_k": {1: "D"}, "gdn_v": {1: "D"}, "gdn_z": {1: "D"}, "gdn_b": {1: "D"},
+    "gdn_a": {1: "D"}, "gdn_out": {2: "D"},
 }
-_UNORDERED = ("q_norm", "k_norm", "bq", "bk", "bv", "sinks", "router_bias")
+_UNORDERED = ("q_norm", "k_norm", "bq", "bk", "bv", "sinks", "router_bias", "gdn_conv", "gdn_A_log", "gdn_dt_bias",
+              "gdn_norm")
 
 
 def hidden_permutation(c: Config, seed: int) -> np.ndarray:

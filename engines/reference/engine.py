@@ -45,7 +45,8 @@ MAX_BATCH = 32  # rows per device call; larger prompt lists run in chunks
 WITNESS_MAX_BYTES = 8 * 2**30
 PER_LAYER_SKIP = ("embed", "lm_head", "final_norm")
 # Kept in float32 in every mode, like the norms: they are added, not multiplied into a matmul.
-F32_ARRAYS = ("router_bias", "bq", "bk", "bv", "bo", "sinks", "e_gate_b", "e_up_b", "e_down_b")
+F32_ARRAYS = ("router_bias", "bq", "bk", "bv", "bo", "sinks", "e_gate_b", "e_up_b", "e_down_b", "gdn_A_log",
+              "gdn_dt_bias")
 
 
 def _device_dtype(name: str, dtype: str, f32_weights: tuple[str, ...] = ()):
@@ -81,11 +82,9 @@ def _programs(c, m, r) -> dict:
         "_prefill": jax.jit(sharding.constrain_step(partial(R._prefill_impl, c, r), m), donate_argnums=(3, 4)),
         "_decode": jax.jit(sharding.constrain_step(partial(R._decode_impl, c, r), m), donate_argnums=(3, 4)),
         "_head": jax.jit(partial(R._pick, mesh=m), static_argnames=("k", "want_logits")),
-        "_grow": jax.jit(lambda kc, vc, slots: (
-            [jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0))) for x in kc],
-            [jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0))) for x in vc]), static_argnames="slots"),
+        "_grow": jax.jit(partial(R._grow_impl, c), static_argnames="slots"),
         "_extend": jax.jit(sharding.constrain_step(partial(R._extend_impl, c, r), m), donate_argnums=(4, 5)),
-        "_seed": jax.jit(R._seed_impl, static_argnames=("batch", "slots")),
+        "_seed": jax.jit(partial(R._seed_impl, c), static_argnames=("batch", "slots")),
         "_gather": jax.jit(lambda kc, vc, keep: ([x[keep] for x in kc], [x[keep] for x in vc])),
         "_put": jax.jit(lambda kc, vc, rk, rv, where, src: (
             [x.at[where].set(r[src]) for x, r in zip(kc, rk)], [x.at[where].set(r[src]) for x, r in zip(vc, rv)]),
@@ -159,8 +158,8 @@ class ReferenceEngine(PrefillScoring, Engine):
     def _score_impl(c, r, mesh, p, tokens, want_taps):
         B, T = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        kc = [jnp.zeros((B, c.n_kv_heads, T, c.head_dim), jnp.float32)] * c.n_layers
-        logits, _, _, extra = model.forward(p, c, tokens, positions, kc, kc, want_taps, fresh=True, recipe=r)
+        kc, vc = model.empty_cache(c, B, T)
+        logits, _, _, extra = model.forward(p, c, tokens, positions, kc, vc, want_taps, fresh=True, recipe=r)
         taps, routing = extra if want_taps else (None, None)
         return (sharding.replicate(logits, mesh), sharding.replicate(taps, mesh),
                 sharding.replicate(routing, mesh) if routing is not None else None)
@@ -184,16 +183,26 @@ class ReferenceEngine(PrefillScoring, Engine):
         B, T = tokens.shape
         positions = start + jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         last, kc, vc, _ = model.forward(p, c, tokens, positions, kc, vc, logit_index=lengths - 1, fresh=fresh,
-                                        recipe=r)
+                                        recipe=r, lengths=lengths)
         return last, kc, vc
 
     @staticmethod
-    def _seed_impl(pk, pv, batch, slots):
-        """Per layer [batch, K, slots, hd] caches whose first slots hold the prefix's K/V [1, K, P, hd]."""
-        def grow(x):
+    def _seed_impl(c, pk, pv, batch, slots):
+        """Per layer [batch, K, slots, hd] caches whose first slots hold the prefix's K/V [1, K, P, hd]; a GDN
+        layer's state after the prefix, copied to every row."""
+        def grow(layer, x):
+            if c.kind(layer) == "gdn":
+                return jnp.broadcast_to(x, (batch, *x.shape[1:]))
             return jnp.zeros((batch, x.shape[1], slots, x.shape[3]), x.dtype).at[:, :, :x.shape[2]].set(
                 jnp.broadcast_to(x, (batch, *x.shape[1:])))
-        return [grow(x) for x in pk], [grow(x) for x in pv]
+        return [grow(i, x) for i, x in enumerate(pk)], [grow(i, x) for i, x in enumerate(pv)]
+
+    @staticmethod
+    def _grow_impl(c, kc, vc, slots):
+        """The attention layers' caches padded to slots (a GDN layer's state has no slots)."""
+        def pad(layer, x):
+            return x if c.kind(layer) == "gdn" else jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0)))
+        return [pad(i, x) for i, x in enumerate(kc)], [pad(i, x) for i, x in enumerate(vc)]
 
     @classmethod
     def _decode_impl(cls, c, r, p, tokens, positions, kc, vc):
@@ -303,8 +312,8 @@ class ReferenceEngine(PrefillScoring, Engine):
     @staticmethod
     def _float64_impl(c, r, p, tokens):
         T = tokens.shape[1]
-        kc = [jnp.zeros((1, c.n_kv_heads, T, c.head_dim), jnp.float64)] * c.n_layers
-        return model.forward(p, c, tokens, jnp.arange(T, dtype=jnp.int32)[None], kc, kc, fresh=True, recipe=r)[0]
+        kc, vc = model.empty_cache(c, 1, T, jnp.float64)
+        return model.forward(p, c, tokens, jnp.arange(T, dtype=jnp.int32)[None], kc, vc, fresh=True, recipe=r)[0]
 
     def step_taps(self, prompts: Sequence[Sequence[int]], next_ids: Sequence[int], decoded: int = 0) -> np.ndarray:
         """[rows, L, D]: the residual stream after each layer at the position of next_ids (the reference's
@@ -322,7 +331,7 @@ class ReferenceEngine(PrefillScoring, Engine):
         """Prefill only the suffixes; the shared prefix's K/V is computed once and kept (one entry:
         lm-eval's few-shot prefix is the same for every item of a task)."""
         pk, pv = self.prefix_cache(prefix)
-        need = max(len(prefix) + tokens.shape[1], pk[0].shape[2])  # the prefix's (bucketed) cache fits whole
+        need = max(len(prefix) + tokens.shape[1], self.slots(pk))  # the prefix's (bucketed) cache fits whole
         kc, vc = self._seed(pk, pv, batch=tokens.shape[0], slots=cache_slots(need, slots))
         logits, kc, vc = self._extend(self.params, self._in(tokens), self._in(lengths),
                                       self._in(np.int32(len(prefix))), kc, vc)
@@ -341,8 +350,8 @@ class ReferenceEngine(PrefillScoring, Engine):
         """Rows src of a fresh prefill's cache into batch rows where (continuous batching); the smaller
         cache grows to the larger's slots first."""
         if state is None:
-            state = self.new_cache(batch, rows[0][0].shape[2])
-        S, Sr = state[0][0].shape[2], rows[0][0].shape[2]
+            state = self.new_cache(batch, self.slots(rows[0]))
+        S, Sr = self.slots(state[0]), self.slots(rows[0])
         if Sr > S:
             state = self._grow(*state, slots=Sr)
         elif Sr < S:
@@ -355,15 +364,20 @@ class ReferenceEngine(PrefillScoring, Engine):
 
     def _decode_step(self, ids, positions, state, k, want_logits):
         need = cache_slots(int(np.max(positions)) + 1, 1 << 30)
-        if need > state[0][0].shape[2]:  # the cache grows by buckets as the rows advance
+        if need > self.slots(state[0]):  # the cache grows by buckets as the rows advance
             state = self._grow(*state, slots=need)
         logits, kc, vc = self._decode(self.params, self._in(ids), self._in(positions), *state)
         return (*self._head(logits, k=k, want_logits=want_logits), (kc, vc))
 
     def new_cache(self, batch: int, slots: int) -> tuple[list, list]:
-        """Empty K and V caches: per layer [batch, K, slots, hd]."""
-        c = self.config
-        shape = (batch, c.n_kv_heads, slots, c.head_dim)
-        where = None if self.mesh is None else NamedSharding(self.mesh, sharding.cache_spec(self.mesh, batch))
-        return ([jnp.zeros(shape, jnp.float32, device=where) for _ in range(c.n_layers)],
-                [jnp.zeros(shape, jnp.float32, device=where) for _ in range(c.n_layers)])
+        """Empty K and V caches: per layer [batch, K, slots, hd] (a GDN layer: its zero state, model.empty_cache)."""
+        kc, vc = model.empty_cache(self.config, batch, slots, jnp.float32)
+        if self.mesh is None:
+            return kc, vc
+        def put(x):
+            return jax.device_put(x, NamedSharding(self.mesh, sharding.cache_spec(self.mesh, x.shape)))
+        return [put(x) for x in kc], [put(x) for x in vc]
+
+    def slots(self, k_cache: list) -> int:
+        """The slots the attention layers' caches hold."""
+        return model.cache_slots_of(self.config, k_cache)

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from engines.config import Config
-from engines.reference import rope
+from engines.reference import gdn, rope
 
 f32 = jnp.float32  # the compute dtype: float64 only inside float64_math
 _EXACT = threading.Lock()
@@ -60,7 +60,11 @@ def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float, inv_freq=Non
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, style: str) -> jax.Array:
-    """Rotate x [B, T, heads, hd]. "interleaved": pairs (2i, 2i+1); "half": pairs (i, i + hd/2)."""
+    """Rotate x [B, T, heads, hd]. "interleaved": pairs (2i, 2i+1); "half": pairs (i, i + hd/2). cos, sin
+    [..., r/2] with r < hd (a partial RoPE, Qwen3-Next's): only the first r dims turn, the rest pass through."""
+    r = 2 * cos.shape[-1]
+    if r < x.shape[-1]:
+        return jnp.concatenate([apply_rope(x[..., :r], cos, sin, style), x[..., r:].astype(f32)], axis=-1)
     x32 = x.astype(f32)
     if style == "interleaved":
         a, b = x32[..., 0::2], x32[..., 1::2]
@@ -233,9 +237,62 @@ def moe(x: jax.Array, p: dict, m: int, c: Config) -> jax.Array:
     return out
 
 
+def empty_cache(c: Config, batch: int, slots: int, dtype=None) -> tuple[list, list]:
+    """Per layer: zero K and V [batch, K, slots, hd] for an attention layer; for a Gated DeltaNet layer its
+    recurrent state instead (the conv's inputs in the K list, the delta-rule memory in the V list: gdn.py)."""
+    dtype = dtype or f32
+    ks, vs = [], []
+    for i in range(c.n_layers):
+        if c.kind(i) == "gdn":
+            conv, S = gdn.empty_state(c, batch, dtype)
+        else:
+            conv, S = (jnp.zeros((batch, c.n_kv_heads, slots, c.head_dim), dtype) for _ in "kv")  # two buffers
+        ks.append(conv)
+        vs.append(S)
+    return ks, vs
+
+
+def cache_slots_of(c: Config, k_cache: list) -> int:
+    """The slots an attention layer's cache holds (a GDN layer's state has none)."""
+    return k_cache[c.attn_layers[0]].shape[2]
+
+
+def _attention_layer(h, p: dict, i: int, c: Config, cos_sin, positions, rows, kc, vc, kv_dt, fresh):
+    """One attention layer on the normed input h [B, T, D] with the i-th attention layer's weights: its output
+    [B, T, D] and the layer's caches with this call's K/V written at their positions."""
+    B, T, _ = h.shape
+    eps, style = c.rms_eps, c.norm_style
+    cos, sin = cos_sin
+    q, k, v = matmul(h, p["wq"][i]), matmul(h, p["wk"][i]), matmul(h, p["wv"][i])
+    if c.attn_bias:
+        q, k, v = q + p["bq"][i], k + p["bk"][i], v + p["bv"][i]
+    q = q.reshape(B, T, c.n_heads, c.head_dim)
+    k = k.reshape(B, T, c.n_kv_heads, c.head_dim)
+    v = v.reshape(B, T, c.n_kv_heads, c.head_dim)
+    if c.qk_norm:
+        q = rms_norm(q, p["q_norm"][i], eps, style)
+        k = rms_norm(k, p["k_norm"][i], eps, style)
+    q = apply_rope(q, cos, sin, c.rope_style)
+    k = recipe_round(apply_rope(k, cos, sin, c.rope_style), kv_dt)  # what the cache holds is what is attended
+    v = recipe_round(v, kv_dt)
+    # advanced indices (rows, positions) around a slice: the update is shaped [B, T, K, hd]
+    kc = kc.at[rows, :, positions].set(k.astype(kc.dtype))
+    vc = vc.at[rows, :, positions].set(v.astype(vc.dtype))
+    options = dict(window=c.sliding_window if c.kind(c.attn_layers[i]) == "sliding" else 0,
+                   scale=c.query_scale ** -0.5 if c.query_scale else 0.0, softcap=c.attn_softcap,
+                   sinks=p["sinks"][i] if c.attn_sinks else None)
+    attn = causal_attention(q, k, v, positions, **options) if fresh else attention(q, kc, vc, positions, **options)
+    if c.attn_out_gate:  # Qwen3-Next: the output scaled by sigmoid of a per-head gate from the same input
+        attn = attn * jax.nn.sigmoid(matmul(h, p["wg"][i]))
+    out = matmul(attn, p["wo"][i])
+    if c.o_bias:
+        out = out + p["bo"][i]
+    return out, kc, vc
+
+
 def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
             k_cache: jax.Array, v_cache: jax.Array, want_taps: bool = False,
-            logit_index: jax.Array | None = None, fresh: bool = False, recipe=None):
+            logit_index: jax.Array | None = None, fresh: bool = False, recipe=None, lengths=None):
     """Run T new tokens per row through every layer, writing their K/V into the cache.
 
     fresh: the tokens sit at positions 0..T-1 of an empty cache (a prefill from the start), so
@@ -249,45 +306,32 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
     when want_taps, else None. With want_taps the last value is the pair
     (taps, routing): routing = (margins [M, B, T], experts [M, B, T, k]), routing_margin at each of the M MoE
     layers (None without MoE). recipe (engines.base.Recipe, bf16 mode): the K/V and residual roundings an engine
-    declared (the weights' own dtypes are set where they are placed).
+    declared (the weights' own dtypes are set where they are placed). lengths [B]: how many of the T tokens are
+    real in each row (None: all), where a recurrent (GDN) layer's state must stop; a GDN layer's entries in
+    k_cache / v_cache are its state (empty_cache).
     """
     B, T = tokens.shape
     k_cache, v_cache = list(k_cache), list(v_cache)
     x = p["embed"][tokens].astype(f32)  # [B, T, D], the float32 residual stream
     if c.embed_scale:
         x = x * f32(c.hidden ** 0.5)
-    ropes = {kind: rope_cos_sin(positions, c.head_dim, *rope.inv_freq(c, kind))
-             for kind in {c.kind(i) for i in range(c.n_layers)}}
+    ropes = {kind: rope_cos_sin(positions, c.rope_dim, *rope.inv_freq(c, kind))
+             for kind in {c.kind(i) for i in c.attn_layers}}
+    attn_of = {layer: i for i, layer in enumerate(c.attn_layers)}  # attention arrays are stacked over these
+    lengths = jnp.full((B,), T, jnp.int32) if lengths is None else lengths
     rows = jnp.arange(B)[:, None]  # [B, 1], broadcast with positions for the cache scatter
     eps, style = c.rms_eps, c.norm_style
     kv_dt, res_dt = (recipe.kv_cache, recipe.residual) if recipe is not None else ("float32", "float32")
     taps, routing = [], []
     for layer in range(c.n_layers):
-        cos, sin = ropes[c.kind(layer)]
         h = rms_norm(x, p["attn_norm"][layer], eps, style)
-        q, k, v = matmul(h, p["wq"][layer]), matmul(h, p["wk"][layer]), matmul(h, p["wv"][layer])
-        if c.attn_bias:
-            q, k, v = q + p["bq"][layer], k + p["bk"][layer], v + p["bv"][layer]
-        q = q.reshape(B, T, c.n_heads, c.head_dim)
-        k = k.reshape(B, T, c.n_kv_heads, c.head_dim)
-        v = v.reshape(B, T, c.n_kv_heads, c.head_dim)
-        if c.qk_norm:
-            q = rms_norm(q, p["q_norm"][layer], eps, style)
-            k = rms_norm(k, p["k_norm"][layer], eps, style)
-        q = apply_rope(q, cos, sin, c.rope_style)
-        k = recipe_round(apply_rope(k, cos, sin, c.rope_style), kv_dt)  # what the cache holds is what is attended
-        v = recipe_round(v, kv_dt)
-        # advanced indices (rows, positions) around a slice: the update is shaped [B, T, K, hd]
-        k_cache[layer] = k_cache[layer].at[rows, :, positions].set(k.astype(k_cache[layer].dtype))
-        v_cache[layer] = v_cache[layer].at[rows, :, positions].set(v.astype(v_cache[layer].dtype))
-        options = dict(window=c.sliding_window if c.kind(layer) == "sliding" else 0,
-                       scale=c.query_scale ** -0.5 if c.query_scale else 0.0, softcap=c.attn_softcap,
-                       sinks=p["sinks"][layer] if c.attn_sinks else None)
-        attn = (causal_attention(q, k, v, positions, **options) if fresh
-                else attention(q, k_cache[layer], v_cache[layer], positions, **options))
-        out = matmul(attn, p["wo"][layer])
-        if c.o_bias:
-            out = out + p["bo"][layer]
+        if c.kind(layer) == "gdn":
+            out, k_cache[layer], v_cache[layer] = gdn.gdn_layer(
+                h, p, c.gdn_layers.index(layer), c, k_cache[layer], v_cache[layer], lengths, matmul, rms_norm, f32)
+        else:
+            out, k_cache[layer], v_cache[layer] = _attention_layer(
+                h, p, attn_of[layer], c, ropes[c.kind(layer)], positions, rows, k_cache[layer], v_cache[layer],
+                kv_dt, fresh)
         x = recipe_round(x + (rms_norm(out, p["post_attn_norm"][layer], eps, style) if c.post_norms else out), res_dt)
         h = rms_norm(x, p["mlp_norm"][layer], eps, style)
         if layer < c.n_dense_layers:

@@ -69,9 +69,9 @@ def inv_freq(c: Config, kind: str) -> tuple[float, np.ndarray | None, float]:
     kind_of = s.get("type")
     if not kind_of:
         return c.rope_theta, None, 1.0
-    inv = plain_inv_freq(c.head_dim, c.rope_theta)
+    inv = plain_inv_freq(c.rope_dim, c.rope_theta)
     if kind_of == "linear":
         return c.rope_theta, (inv / f32(s["factor"])).astype(f32), 1.0
     if kind_of == "llama3":
         return c.rope_theta, _llama3(inv, s), 1.0
-    return c.rope_theta, *_yarn(inv, c.head_dim, c.rope_theta, s)
+    return c.rope_theta, *_yarn(inv, c.rope_dim, c.rope_theta, s)

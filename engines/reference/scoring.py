@@ -65,7 +65,7 @@ class PrefillScoring:
             nxt[b, :m] = s[n:]
         if P:
             pk, pv = self.prefix_cache(tuple(seqs[0][:P]))
-            kc, vc = self._seed(pk, pv, batch=B, slots=cache_slots(max(P + T, pk[0].shape[2]), 1 << 30))
+            kc, vc = self._seed(pk, pv, batch=B, slots=cache_slots(max(P + T, self.slots(pk)), 1 << 30))
             self._paths.hit("shared_prefix")
             if P & (P - 1):
                 self._paths.hit("shared_prefix_unaligned")

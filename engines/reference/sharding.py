@@ -4,7 +4,7 @@ The math is untouched (engines.reference.model): the weights are placed on the m
 SPMD partitioner splits every computation that reads them (GSPMD), inserting the collectives. What each weight's
 PartitionSpec is:
 
-    wq, wk, wv, bq, bk, bv   columns (heads) over tp     wo               rows (heads) over tp
+    wq, wk, wv, wg, bq, bk, bv  columns (heads) over tp  wo               rows (heads) over tp
     gate, up                 columns over tp             down             rows over tp
     e_gate, e_up, e_*_b      experts over ep, columns over tp; e_down experts over ep, rows over tp
     sinks                    heads over tp               everything else  replicated
@@ -14,7 +14,8 @@ is a one-line ModelError. Lazy weights (an HF safetensors directory loaded while
 go straight into their shards (place_lazy): a process reads only its devices' slices. GGUF files are
 dequantised whole on load (a quantised block does not split along a shard boundary in general), so every
 process reads them whole. The KV cache is sharded too: KV heads over tp, batch rows over dp where the row
-count divides (engines.reference.engine constrains every step's caches with cache_spec). What the host reads
+count divides (engines.reference.engine constrains every step's caches with cache_spec); a Gated DeltaNet layer's
+state likewise, its channels or value heads over tp where tp divides them (its weights are replicated). What the host reads
 back (the head's next ids, top-k and logits) is constrained to be replicated, so every process of a
 multi-process run (jax.distributed) holds all of it.
 """
@@ -33,7 +34,7 @@ from engines.errors import ModelError
 AXES = ("dp", "ep", "tp")
 _P = PartitionSpec
 SPECS = {  # per-layer array name -> PartitionSpec of one layer's array
-    "wq": _P(None, "tp"), "wk": _P(None, "tp"), "wv": _P(None, "tp"), "wo": _P("tp", None),
+    "wq": _P(None, "tp"), "wk": _P(None, "tp"), "wv": _P(None, "tp"), "wo": _P("tp", None), "wg": _P(None, "tp"),
     "bq": _P("tp"), "bk": _P("tp"), "bv": _P("tp"), "sinks": _P("tp"),
     "gate": _P(None, "tp"), "up": _P(None, "tp"), "down": _P("tp", None),
     "e_gate": _P("ep", None, "tp"), "e_up": _P("ep", None, "tp"), "e_down": _P("ep", "tp", None),
@@ -72,9 +73,11 @@ def make_mesh(sizes: dict[str, int], c: Config) -> Mesh:
     return Mesh(np.array(devices[:need]).reshape([sizes[a] for a in AXES]), AXES)
 
 
-def cache_spec(mesh: Mesh, rows: int) -> PartitionSpec:
-    """A [rows, K, slots, hd] cache: K over tp; rows over dp when dp divides them (else replicated rows)."""
-    return _P("dp" if rows % mesh.shape["dp"] == 0 else None, "tp", None, None)
+def cache_spec(mesh: Mesh, shape: tuple[int, ...]) -> PartitionSpec:
+    """A [rows, K, slots, hd] cache: K over tp; rows over dp when dp divides them (else replicated rows). A
+    recurrent layer's state ([rows, channels, taps] or [rows, heads, dk, dv]): axis 1 over tp where tp divides it."""
+    rows = "dp" if shape[0] % mesh.shape["dp"] == 0 else None
+    return _P(rows, "tp" if shape[1] % mesh.shape["tp"] == 0 else None, *([None] * (len(shape) - 2)))
 
 
 def constrain_step(fn, mesh: Mesh | None):
@@ -93,7 +96,7 @@ def constrain_step(fn, mesh: Mesh | None):
 def constrain_caches(caches: list, mesh: Mesh | None) -> list:
     if mesh is None:
         return caches
-    return [jax.lax.with_sharding_constraint(x, NamedSharding(mesh, cache_spec(mesh, x.shape[0]))) for x in caches]
+    return [jax.lax.with_sharding_constraint(x, NamedSharding(mesh, cache_spec(mesh, x.shape))) for x in caches]
 
 
 def replicate(x, mesh: Mesh | None):
