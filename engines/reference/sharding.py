@@ -15,8 +15,8 @@ go straight into their shards (place_lazy): a process reads only its devices' sl
 dequantised whole on load (a quantised block does not split along a shard boundary in general), so every
 process reads them whole. The KV cache is sharded too: KV heads over tp, batch rows over dp where the row
 count divides (engines.reference.engine constrains every step's caches with cache_spec); a Gated DeltaNet layer's
-state likewise, its channels or value heads over tp where tp divides them (its weights are replicated). What the host reads
-back (the head's next ids, top-k and logits) is constrained to be replicated, so every process of a
+state likewise, its channels or value heads over tp where tp divides them (its weights are replicated). What the
+host reads back (the head's next ids, top-k and logits) is constrained to be replicated, so every process of a
 multi-process run (jax.distributed) holds all of it.
 """
 
