@@ -78,6 +78,17 @@ def configs() -> dict:
             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
             linear_conv_kernel_dim=4, partial_rotary_factor=0.25,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
+        # Kimi's layer stack as transformers has it (Kimi Linear): Kimi Delta Attention layers and a multi-head latent
+        # attention layer (NoPE: k_pe shared and never rotated) at i % 4 == 3 as Kimi K3 places them, layer 0 with a
+        # dense MLP and the rest DeepSeek-style MoE (sigmoid router whose bias selects only, a shared expert).
+        "mini-kimi-linear": t.KimiLinearConfig(
+            **{k: v for k, v in COMMON.items() if k not in ("head_dim", "num_key_value_heads")}, num_key_value_heads=4,
+            intermediate_size=128, rms_norm_eps=1e-5,
+            tie_word_embeddings=False, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+            v_head_dim=16, layer_types=["linear_attention"] * 3 + ["full_attention"],
+            mlp_layer_types=["dense"] + ["sparse"] * 3, num_local_experts=8, num_experts_per_tok=2,
+            moe_intermediate_size=32, n_shared_experts=1, routed_scaling_factor=2.446, norm_topk_prob=True,
+            linear_attn_config={"head_dim": 16, "num_heads": 4, "short_conv_kernel_size": 4}),
         # not a registry mini: the llama3-style RoPE scaling (Llama 3.1), on the plain Llama layer. With head_dim 16,
         # theta 10,000 and original 64, two of the 8 frequencies fall in the smoothed middle band (wavelengths
         # 19.9 and 62.8 between 64/4 and 64/1), one is kept and five are divided by the factor.
@@ -94,6 +105,7 @@ def init_weights(model: torch.nn.Module, gemma_norms: bool, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     D = model.config.hidden_size
     qwen_next = model.config.model_type == "qwen3_next"
+    kimi = model.config.model_type == "kimi_linear"
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             r = torch.randn(p.shape, generator=g, dtype=torch.float32)
@@ -115,8 +127,10 @@ def init_weights(model: torch.nn.Module, gemma_norms: bool, seed: int) -> None:
                 v = r / math.sqrt(D) if gemma_norms and not qwen_next else r  # Gemma multiplies embeddings by sqrt(D)
             elif name.startswith("lm_head"):
                 v = 4.0 * r / math.sqrt(D)
-            elif "router" in name:
+            elif "router" in name or (kimi and name.endswith("mlp.gate.weight")):
                 v = 4.0 * r / math.sqrt(D)
+            elif kimi and "experts." in name:  # [E, 2F, D] gate_up, [E, D, F] down: fan-in is the last axis
+                v = (0.5 if "down_proj" in name else 1.0) * r / math.sqrt(p.shape[-1])
             elif "experts.gate_up_proj" in name:  # [E, D, 2F]; 4x: some gate and up values pass swiglu_limit (7)
                 v = 4.0 * r / math.sqrt(p.shape[1])
             elif "experts.down_proj" in name:  # [E, F, D]
@@ -124,6 +138,9 @@ def init_weights(model: torch.nn.Module, gemma_norms: bool, seed: int) -> None:
             else:  # nn.Linear [out, in]
                 v = (0.5 if ("o_proj" in name or "down_proj" in name) else 1.0) * r / math.sqrt(p.shape[1])
             p.copy_(v)
+        for name, b in sorted(model.named_buffers()):
+            if name.endswith("e_score_correction_bias"):  # selects experts only: large enough to change some choices
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
         if model.config.tie_word_embeddings:
             model.tie_weights()
 
@@ -181,16 +198,17 @@ def greedy(model, prompt: list[int]) -> dict:
 # The architectures whose oracle also runs in float64: in float32 the chunked delta rule transformers runs for
 # Qwen3-Next is itself 1.6e-4 (max |dlogprob|) from its own float64 run, more than ORACLE_TOL, so float32 alone
 # cannot tell a reference error of that size; in float64 the two implementations can be compared closely.
-FLOAT64_RUNG = ("mini-qwen-hybrid",)
+FLOAT64_RUNG = ("mini-qwen-hybrid", "mini-kimi-linear")
 
 
 @contextmanager
 def float64_everywhere():
-    """transformers computes norms, gates and the softmax in float32 whatever the model's dtype (`.float()`,
-    `.to(torch.float32)`, softmax(dtype=torch.float32)); inside this block each of those gives float64 instead,
+    """transformers computes norms, gates, routers and the softmax in float32 whatever the model's dtype
+    (`.float()`, `.to(torch.float32)`, `.type(torch.float32)`, softmax(dtype=torch.float32)); inside this block each
+    of those gives float64 instead,
     so a .double() model runs in float64 throughout. (RoPE's inverse frequencies then come out in float64 too;
     the reference keeps transformers' float32 ones, a difference of a few 1e-9 in the logprobs.)"""
-    to, flt, softmax = torch.Tensor.to, torch.Tensor.float, torch.nn.functional.softmax
+    to, flt, softmax, typ = torch.Tensor.to, torch.Tensor.float, torch.nn.functional.softmax, torch.Tensor.type
 
     def to64(self, *args, **kw):
         args = tuple(torch.float64 if a is torch.float32 else a for a in args)
@@ -206,11 +224,15 @@ def float64_everywhere():
     def float64(self, *args, **kw):
         return self.double()
 
-    torch.Tensor.to, torch.Tensor.float, torch.nn.functional.softmax = to64, float64, softmax64
+    def type64(self, dtype=None, *args, **kw):
+        return typ(self, torch.float64 if dtype is torch.float32 else dtype, *args, **kw)
+
+    torch.Tensor.to, torch.Tensor.float, torch.Tensor.type = to64, float64, type64
+    torch.nn.functional.softmax = softmax64
     try:
         yield
     finally:
-        torch.Tensor.to, torch.Tensor.float, torch.nn.functional.softmax = to, flt, softmax
+        torch.Tensor.to, torch.Tensor.float, torch.nn.functional.softmax, torch.Tensor.type = to, flt, softmax, typ
 
 
 def float64_rung(model, runs: list[dict]) -> dict:
@@ -233,6 +255,7 @@ def float64_rung(model, runs: list[dict]) -> dict:
 def build(name: str, cfg) -> None:
     torch.manual_seed(SEED)
     cfg._attn_implementation = "eager"
+    cfg._experts_implementation = "eager"  # the per-expert loop: the grouped matmul has no float64
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
     init_weights(model, gemma_norms=cfg.model_type.startswith("gemma") or cfg.model_type == "qwen3_next", seed=SEED)
     out = ROOT / "engines" / "minis" / name

@@ -14,7 +14,10 @@ ROUTERS = ("softmax", "sigmoid")  # softmax top-k (Mixtral/Qwen-MoE/gpt-oss); bi
 NORM_STYLES = ("plain", "gemma")  # RMSNorm scale w (Llama) or 1 + w (Gemma: weights stored as offsets)
 MLP_ACTS = ("silu", "gelu_tanh")  # SwiGLU (Llama/Qwen) or GeGLU with tanh-approximated GELU (Gemma)
 EXPERT_ACTS = ("swiglu", "gptoss")  # gpt-oss: clamped gate * sigmoid(alpha * gate) * (up + 1)
-LAYER_KINDS = ("full", "sliding", "gdn")  # gdn: Gated DeltaNet (Qwen3-Next / Qwen3.8), a recurrent layer
+# gdn: Gated DeltaNet (Qwen3-Next / Qwen3.8) and kda: Kimi Delta Attention (Kimi Linear / K3), recurrent layers;
+# mla: multi-head latent attention (Kimi's: NoPE, its shared k_pe never rotated)
+LAYER_KINDS = ("full", "sliding", "gdn", "kda", "mla")
+RECURRENT = ("gdn", "kda")
 ROPE_SCALINGS = ("linear", "llama3", "yarn")
 
 
@@ -76,6 +79,22 @@ class Config:
     gdn_k_dim: int = 0
     gdn_v_dim: int = 0
     gdn_conv: int = 0
+    # Kimi Delta Attention layers (layer_kinds "kda"): heads of kda_dim (keys and values alike), the conv's taps, the
+    # ranks of the low-rank forget gate (f_a, f_b) and output gate (g_a, g_b)
+    kda_heads: int = 0
+    kda_dim: int = 0
+    kda_conv: int = 0
+    kda_gate_rank: int = 0
+    kda_out_rank: int = 0
+    # Multi-head latent attention layers (layer_kinds "mla"): n_heads heads; q from one projection (mla_q_rank 0) or
+    # a normed low-rank pair; a latent of mla_kv_rank (normed) expanded to each head's nope key and value, and a
+    # shared mla_rope_dim key part (Kimi: never rotated). Keys are nope + rope wide, values mla_v_dim.
+    mla_q_rank: int = 0
+    mla_kv_rank: int = 0
+    mla_nope_dim: int = 0
+    mla_rope_dim: int = 0
+    mla_v_dim: int = 0
+    mla_norm_eps: float = 1e-6  # the latent norms' eps: DeepSeek's and Kimi's code build them with the default 1e-6
 
     def __post_init__(self) -> None:
         if self.family not in ("dense", "moe"):
@@ -98,13 +117,18 @@ class Config:
                 raise ValueError(f"layer_kinds must list {self.n_layers} of {LAYER_KINDS}, got {self.layer_kinds}")
             if "sliding" in self.layer_kinds and self.sliding_window < 1:
                 raise ValueError("sliding layers need sliding_window >= 1")
-            if not self.attn_layers:
-                raise ValueError("at least one attention layer is needed (the cache's slots are counted there)")
+            if not self.kv_layers:
+                raise ValueError("at least one attention or MLA layer is needed (the cache's slots are counted there)")
             if "gdn" in self.layer_kinds:
                 dims = (self.gdn_k_heads, self.gdn_v_heads, self.gdn_k_dim, self.gdn_v_dim, self.gdn_conv)
                 if min(dims) < 1 or self.gdn_v_heads % self.gdn_k_heads or self.gdn_conv < 2:
                     raise ValueError(f"gdn layers need gdn_k_heads, gdn_v_heads (a multiple of it), gdn_k_dim, "
                                      f"gdn_v_dim >= 1 and gdn_conv >= 2, got {dims}")
+            if "kda" in self.layer_kinds and min(self.kda_heads, self.kda_dim, self.kda_gate_rank,
+                                                 self.kda_out_rank, self.kda_conv - 1) < 1:
+                raise ValueError("kda layers need kda_heads, kda_dim, kda_gate_rank, kda_out_rank >= 1, kda_conv >= 2")
+            if "mla" in self.layer_kinds and min(self.mla_kv_rank, self.mla_nope_dim, self.mla_v_dim) < 1:
+                raise ValueError("mla layers need mla_kv_rank, mla_nope_dim and mla_v_dim >= 1")
         if self.rotary_dim and (self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim):
             raise ValueError(f"rotary_dim must be even and in (0, head_dim], got {self.rotary_dim}")
         scaling = dict(self.rope_scaling)
@@ -135,8 +159,27 @@ class Config:
 
     @property
     def attn_layers(self) -> tuple[int, ...]:
-        """The layers with attention (a KV cache); the attention arrays are stacked over these only."""
-        return tuple(i for i in range(self.n_layers) if self.kind(i) != "gdn")
+        """The layers with (grouped-query) attention; the attention arrays (wq, ...) are stacked over these only."""
+        return tuple(i for i in range(self.n_layers) if self.kind(i) in ("full", "sliding"))
+
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        """The layers with a KV cache (attention or MLA), whose slots grow with the context."""
+        return tuple(i for i in range(self.n_layers) if self.kind(i) not in RECURRENT)
+
+    @property
+    def kda_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.n_layers) if self.kind(i) == "kda")
+
+    @property
+    def mla_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.n_layers) if self.kind(i) == "mla")
+
+    def cache_dims(self, layer: int) -> tuple[int, int, int]:
+        """(heads, key dim, value dim) of a KV-cache layer's K and V."""
+        if self.kind(layer) == "mla":
+            return self.n_heads, self.mla_nope_dim + self.mla_rope_dim, self.mla_v_dim
+        return self.n_kv_heads, self.head_dim, self.head_dim
 
     @property
     def gdn_layers(self) -> tuple[int, ...]:

@@ -3,7 +3,8 @@
 Supported model_types: llama, qwen2, qwen3 (dense), qwen3_moe (softmax router), deepseek_v3 with plain
 q/k/v attention (biased sigmoid router, shared experts, first_k_dense_replace), gemma2, gemma3_text
 (Gemma3ForCausalLM), gpt_oss (MXFP4 experts dequantised on load) and qwen3_next (the Gated DeltaNet hybrid of
-Qwen3-Next / Qwen3.8: GDN layers and gated full-attention layers with a partial RoPE; dense MLP layers only).
+Qwen3-Next / Qwen3.8: GDN layers and gated full-attention layers with a partial RoPE; dense MLP layers only) and
+kimi_linear (Kimi Delta Attention and NoPE multi-head latent attention layers, DeepSeek-style MoE; engines.hf_hybrid).
 RoPE scaling: linear, llama3, yarn, read from transformers 5's `rope_parameters` or the older `rope_theta` +
 `rope_scaling`. Not supported, each a one-line error naming it: multi-head latent attention (DeepSeek-V3/Kimi
 MLA tensors), grouped routing (n_group > 1), other RoPE scalings, Qwen2's own sliding window, MLP biases,
@@ -18,12 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
+from engines import hf_hybrid
 from engines import lazy as lazy_mod
 from engines.config import Config
 from engines.errors import ModelError
 from engines.weights import Weights
 
-SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "gemma2", "gemma3_text", "gpt_oss", "qwen3_next")
+SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "gemma2", "gemma3_text", "gpt_oss", "qwen3_next",
+             "kimi_linear")
 GEMMA = ("gemma2", "gemma3_text")
 LAYER_KIND = {"full_attention": "full", "sliding_attention": "sliding", "linear_attention": "gdn"}
 ROPE_KEYS = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
@@ -69,6 +72,8 @@ def _rope_fields(cfg: dict, path: Path) -> dict:
 
 
 def _layer_kinds(cfg: dict, mt: str, n_layers: int) -> tuple[str, ...]:
+    if mt == "kimi_linear":
+        return hf_hybrid.kimi_layer_kinds(cfg, n_layers)
     if cfg.get("layer_types"):
         return tuple(LAYER_KIND.get(k, k) for k in cfg["layer_types"])
     if mt == "gemma2":  # transformers 4: sliding, full, sliding, ...
@@ -99,31 +104,13 @@ def _family_fields(cfg: dict, mt: str, path: Path) -> dict:
                    attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
                    final_softcap=float(cfg.get("final_logit_softcapping") or 0.0), qk_norm=mt == "gemma3_text")
     if mt == "qwen3_next":
-        out.update(_qwen3_next_fields(cfg, path))
+        out.update(hf_hybrid.qwen3_next_fields(cfg, path))
+    if mt == "kimi_linear":
+        out.update(hf_hybrid.kimi_linear_fields(cfg, path))
     if mt == "gpt_oss":
         out.update(attn_bias=True, o_bias=True, attn_sinks=True, expert_act="gptoss", expert_bias=True,
                    swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)), swiglu_limit=float(cfg.get("swiglu_limit", 7.0)))
     return out
-
-
-def _qwen3_next_fields(cfg: dict, path: Path) -> dict:
-    """Qwen3-Next: zero-centred norms (1 + w) everywhere but the GDN output norm, q/k norms, the per-head output
-    gate, a partial RoPE, and the GDN layers' dims. Its sparse MoE (softmax router plus a sigmoid-gated shared
-    expert) is not implemented: such a checkpoint is refused."""
-    L = int(cfg.get("num_hidden_layers") or 0)
-    sparse = [i for i in range(L) if (cfg.get("num_experts") or 0) > 0 and i not in (cfg.get("mlp_only_layers") or [])
-              and (i + 1) % int(cfg.get("decoder_sparse_step") or 1) == 0]
-    if sparse:
-        raise ModelError(f"{path}: Qwen3-Next's sparse MoE layers ({len(sparse)} of {L}) are not supported; only "
-                         "dense MLP layers (num_experts=0, or every layer in mlp_only_layers)")
-    if (cfg.get("hidden_act") or "silu") != "silu":
-        raise ModelError(f"{path}: hidden_act {cfg['hidden_act']!r} is not supported (Qwen3-Next: silu)")
-    hd = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
-    factor = cfg.get("partial_rotary_factor") or (cfg.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0
-    return dict(norm_style="gemma", qk_norm=True, attn_out_gate=True, rotary_dim=int(hd * float(factor)),
-                gdn_k_heads=int(cfg["linear_num_key_heads"]), gdn_v_heads=int(cfg["linear_num_value_heads"]),
-                gdn_k_dim=int(cfg["linear_key_head_dim"]), gdn_v_dim=int(cfg["linear_value_head_dim"]),
-                gdn_conv=int(cfg["linear_conv_kernel_dim"]))
 
 
 def hf_config(cfg: dict, name: str, path: Path) -> Config:
@@ -161,6 +148,16 @@ def hf_config(cfg: dict, name: str, path: Path) -> Config:
     try:
         if mt in ("llama", "qwen2", "qwen3", "qwen3_next") + GEMMA:
             return Config(family="dense", **common)
+        if mt == "kimi_linear":
+            first = hf_hybrid.kimi_mlp_split(cfg, L, path)
+            if first == L:
+                return Config(family="dense", **common)
+            return Config(family="moe", n_experts=int(cfg.get("num_experts") or cfg["num_local_experts"]),
+                          top_k=int(cfg.get("num_experts_per_token") or cfg["num_experts_per_tok"]),
+                          moe_ffn=int(cfg["moe_intermediate_size"]),
+                          n_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0),
+                          first_dense=first, router="sigmoid", norm_topk=bool(cfg.get("norm_topk_prob", True)),
+                          routed_scale=float(cfg.get("routed_scaling_factor", 1.0)), **common)
         if mt in ("qwen3_moe", "gpt_oss"):
             experts = "num_experts" if mt == "qwen3_moe" else "num_local_experts"
             ffn = "moe_intermediate_size" if mt == "qwen3_moe" else "intermediate_size"
@@ -248,12 +245,20 @@ class _Reader:
     """A checkpoint's tensors by name, eager (float32 numpy) or lazy (engines.lazy, read on demand), recording
     which were used so that an unsupported tensor is an error rather than silently ignored."""
 
-    def __init__(self, path: Path, tensors: dict, lazy: bool):
-        self.path, self.t, self.lazy = path, tensors, lazy
+    def __init__(self, path: Path, tensors: dict, lazy: bool, rename=None):
+        """rename: our name -> the checkpoint's, tried where our name is absent (a family's original layout)."""
+        self.path, self.t, self.lazy, self.rename = path, tensors, lazy, rename
         self.used: set[str] = set()
         self.counter = [0]  # bytes the lazy arrays read
 
+    def name(self, key: str) -> str:
+        return self.rename(key) if key not in self.t and self.rename else key
+
+    def has(self, key: str) -> bool:
+        return self.name(key) in self.t
+
     def get(self, key: str, transpose: bool = False, raw: bool = False) -> np.ndarray:
+        key = self.name(key)
         if key not in self.t:
             raise ModelError(f"{self.path}: missing tensor {key!r}")
         self.used.add(key)
@@ -283,11 +288,10 @@ def _attention_arrays(c, r: _Reader, pre_all: list[str]) -> dict:
         # Gemma's post_attention_layernorm follows attention; its pre_feedforward_layernorm is the MLP's input norm
         "mlp_norm": r.stack([p + ("pre_feedforward_layernorm.weight" if gemma else "post_attention_layernorm.weight")
                              for p in pre_all]),
-        "wq": r.stack([p + "self_attn.q_proj.weight" for p in pre], True),
-        "wk": r.stack([p + "self_attn.k_proj.weight" for p in pre], True),
-        "wv": r.stack([p + "self_attn.v_proj.weight" for p in pre], True),
-        "wo": r.stack([p + "self_attn.o_proj.weight" for p in pre], True),
     }
+    if pre:
+        for ours, theirs in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
+            a[ours] = r.stack([p + f"self_attn.{theirs}.weight" for p in pre], True)
     if gemma:
         a["post_attn_norm"] = r.stack([p + "post_attention_layernorm.weight" for p in pre_all])
         a["post_mlp_norm"] = r.stack([p + "post_feedforward_layernorm.weight" for p in pre_all])
@@ -296,7 +300,9 @@ def _attention_arrays(c, r: _Reader, pre_all: list[str]) -> dict:
         qg = qg.reshape(len(pre), c.hidden, c.n_heads, 2, c.head_dim)
         a["wq"] = r.dense(qg[:, :, :, 0].reshape(len(pre), c.hidden, c.q_size))
         a["wg"] = r.dense(qg[:, :, :, 1].reshape(len(pre), c.hidden, c.q_size))
-    a.update(_gdn_arrays(c, r, [pre_all[i] for i in c.gdn_layers]))
+    a.update(hf_hybrid.gdn_arrays(c, r, [pre_all[i] for i in c.gdn_layers]))
+    a.update(hf_hybrid.kda_arrays(c, r, [pre_all[i] for i in c.kda_layers]))
+    a.update(hf_hybrid.mla_arrays(c, r, [pre_all[i] for i in c.mla_layers]))
     if c.attn_bias:
         for ours, theirs in (("bq", "q_proj"), ("bk", "k_proj"), ("bv", "v_proj")):
             a[ours] = r.stack([p + f"self_attn.{theirs}.bias" for p in pre])
@@ -312,31 +318,6 @@ def _attention_arrays(c, r: _Reader, pre_all: list[str]) -> dict:
     return a
 
 
-def _gdn_arrays(c, r: _Reader, pre: list[str]) -> dict:
-    """The Gated DeltaNet layers' arrays (engines.weights' gdn_*). Qwen3-Next fuses q, k, v and z into one
-    projection grouped by key head ([q | k | v of its Hv/Hk value heads | z of them] per key head), and b and a
-    likewise; they are split here into the head-major layout the reference reads (value head j*r + m is key head
-    j's m-th), computed whole in either loading mode."""
-    if not pre:
-        return {}
-    Hk, Hv, dk, dv, D = c.gdn_k_heads, c.gdn_v_heads, c.gdn_k_dim, c.gdn_v_dim, c.hidden
-    rv = Hv // Hk
-
-    def per_layer(name: str, transpose: bool = True) -> np.ndarray:
-        return np.stack([np.asarray(r.get(p + "linear_attn." + name, transpose)) for p in pre])
-
-    qkvz = per_layer("in_proj_qkvz.weight").reshape(len(pre), D, Hk, 2 * dk + 2 * rv * dv)
-    q, k, v, z = np.split(qkvz, [dk, 2 * dk, 2 * dk + rv * dv], axis=-1)
-    ba = per_layer("in_proj_ba.weight").reshape(len(pre), D, Hk, 2 * rv)
-    a = {"gdn_q": q.reshape(len(pre), D, Hk * dk), "gdn_k": k.reshape(len(pre), D, Hk * dk),
-         "gdn_v": v.reshape(len(pre), D, Hv * dv), "gdn_z": z.reshape(len(pre), D, Hv * dv),
-         "gdn_b": ba[..., :rv].reshape(len(pre), D, Hv), "gdn_a": ba[..., rv:].reshape(len(pre), D, Hv),
-         "gdn_conv": per_layer("conv1d.weight", False)[:, :, 0, :],
-         "gdn_A_log": per_layer("A_log", False), "gdn_dt_bias": per_layer("dt_bias", False),
-         "gdn_norm": per_layer("norm.weight", False), "gdn_out": per_layer("out_proj.weight")}
-    return {k: r.dense(np.ascontiguousarray(v, np.float32)) for k, v in a.items()}
-
-
 def _mlp_arrays(c, r: _Reader, pre: list[str]) -> dict:
     """The dense layers' MLPs, then the MoE layers' router, experts and shared experts."""
     Ld, a = c.n_dense_layers, {}
@@ -350,12 +331,18 @@ def _mlp_arrays(c, r: _Reader, pre: list[str]) -> dict:
         moe = pre[Ld:]
         a["router"] = r.stack([p + "mlp.gate.weight" for p in moe], True)
         bias_key = "mlp.gate.e_score_correction_bias"
-        a["router_bias"] = (r.stack([p + bias_key for p in moe]) if moe[0] + bias_key in r.t
+        a["router_bias"] = (r.stack([p + bias_key for p in moe]) if r.has(moe[0] + bias_key)
                             else r.dense(np.zeros((len(moe), c.n_experts), np.float32)))
-        for ours, theirs in (("e_gate", "gate_proj"), ("e_up", "up_proj"), ("e_down", "down_proj")):
-            per_layer = [r.stack([p + f"mlp.experts.{e}.{theirs}.weight" for e in range(c.n_experts)], True)
-                         for p in moe]
-            a[ours] = lazy_mod.Stacked(per_layer) if r.lazy else np.stack(per_layer)
+        if r.has(moe[0] + "mlp.experts.gate_up_proj"):  # transformers 5's fused experts: [E, 2F, D], [E, D, F]
+            gate_up = np.stack([np.asarray(r.get(p + "mlp.experts.gate_up_proj")) for p in moe]).swapaxes(2, 3)
+            a.update(e_gate=r.dense(gate_up[..., :c.moe_ffn]), e_up=r.dense(gate_up[..., c.moe_ffn:]),
+                     e_down=r.dense(np.stack([np.asarray(r.get(p + "mlp.experts.down_proj")) for p in moe]
+                                             ).swapaxes(2, 3)))
+        else:
+            for ours, theirs in (("e_gate", "gate_proj"), ("e_up", "up_proj"), ("e_down", "down_proj")):
+                per_layer = [r.stack([p + f"mlp.experts.{e}.{theirs}.weight" for e in range(c.n_experts)], True)
+                             for p in moe]
+                a[ours] = lazy_mod.Stacked(per_layer) if r.lazy else np.stack(per_layer)
         if c.n_shared_experts:
             for ours, theirs in (("s_gate", "gate_proj"), ("s_up", "up_proj"), ("s_down", "down_proj")):
                 a[ours] = r.stack([p + f"mlp.shared_experts.{theirs}.weight" for p in moe], True)
@@ -376,7 +363,7 @@ def load_hf(path: Path, name: str | None = None, lazy: bool = False) -> Weights:
         raise ModelError(f"{cfg_file} is not valid JSON: {e}") from None
     c = hf_config(raw, name or path.name, path)
     t, digest = _index_tensors(path) if lazy else _read_tensors(path)
-    r = _Reader(path, t, lazy)
+    r = _Reader(path, t, lazy, hf_hybrid.kimi_rename if raw.get("model_type") == "kimi_linear" else None)
     pre = [f"model.layers.{i}." for i in range(c.n_layers)]
     a = {**_attention_arrays(c, r, pre), **_mlp_arrays(c, r, pre)}
     if c.tie_embeddings and "lm_head.weight" in t:

@@ -18,6 +18,12 @@ Layout (float32 numpy, matrices stored (in, out) so activations multiply on the 
     sinks [La, H]                                                (Config.attn_sinks)
     gdn_q, gdn_k [Lg, D, Hk*dk]   gdn_v, gdn_z [Lg, D, Hv*dv]   gdn_b, gdn_a [Lg, D, Hv]     Gated DeltaNet layers
     gdn_conv [Lg, C, taps]   gdn_A_log, gdn_dt_bias [Lg, Hv]   gdn_norm [Lg, dv]   gdn_out [Lg, Hv*dv, D]
+    kda_q, kda_k, kda_v [Lk, D, H*d]   kda_conv [Lk, 3*H*d, taps]   kda_fa [Lk, D, rf]   kda_fb [Lk, rf, H*d]
+    kda_dt_bias [Lk, H*d]   kda_A_log [Lk, H]   kda_b [Lk, D, H]   kda_ga [Lk, D, rg]   kda_gb [Lk, rg, H*d]
+    kda_norm [Lk, d]   kda_out [Lk, H*d, D]                                                Kimi Delta Attention layers
+    mla_q [Lx, D, H*(n+r)] (or mla_qa [Lx, D, rq], mla_q_norm [Lx, rq], mla_qb [Lx, rq, H*(n+r)])
+    mla_kva [Lx, D, rk+r]
+    mla_kv_norm [Lx, rk]   mla_kvb [Lx, rk, H*(n+v)]   mla_o [Lx, H*v, D]                  multi-head latent attention
     e_gate_b, e_up_b [Lm, E, Fm]   e_down_b [Lm, E, D]           (Config.expert_bias)
 
 Ld = Config.n_dense_layers (the first layers), Lm = Config.n_moe_layers (the rest); La = the attention layers
@@ -79,12 +85,10 @@ class Weights:
 def expected_shapes(c: Config) -> dict[str, tuple[int, ...]]:
     """Every array name of a Config and its shape (see the module docstring)."""
     L, D, hd, La = c.n_layers, c.hidden, c.head_dim, len(c.attn_layers)
-    s: dict[str, tuple[int, ...]] = {
-        "embed": (c.vocab_size, D), "final_norm": (D,),
-        "attn_norm": (L, D), "mlp_norm": (L, D),
-        "wq": (La, D, c.q_size), "wk": (La, D, c.kv_size), "wv": (La, D, c.kv_size),
-        "wo": (La, c.q_size, D),
-    }
+    s: dict[str, tuple[int, ...]] = {"embed": (c.vocab_size, D), "final_norm": (D,), "attn_norm": (L, D),
+                                     "mlp_norm": (L, D)}
+    if La:
+        s.update(wq=(La, D, c.q_size), wk=(La, D, c.kv_size), wv=(La, D, c.kv_size), wo=(La, c.q_size, D))
     if not c.tie_embeddings:
         s["lm_head"] = (c.vocab_size, D)
     if c.qk_norm:
@@ -100,6 +104,20 @@ def expected_shapes(c: Config) -> dict[str, tuple[int, ...]]:
         s.update(post_attn_norm=(L, D), post_mlp_norm=(L, D))
     if c.attn_sinks:
         s["sinks"] = (La, c.n_heads)
+    if c.kda_layers:
+        Lk, H, d = len(c.kda_layers), c.kda_heads, c.kda_dim
+        s.update(kda_q=(Lk, D, H * d), kda_k=(Lk, D, H * d), kda_v=(Lk, D, H * d), kda_conv=(Lk, 3 * H * d, c.kda_conv),
+                 kda_fa=(Lk, D, c.kda_gate_rank), kda_fb=(Lk, c.kda_gate_rank, H * d), kda_dt_bias=(Lk, H * d),
+                 kda_A_log=(Lk, H), kda_b=(Lk, D, H), kda_ga=(Lk, D, c.kda_out_rank),
+                 kda_gb=(Lk, c.kda_out_rank, H * d), kda_norm=(Lk, d), kda_out=(Lk, H * d, D))
+    if c.mla_layers:
+        Lx, H, qk = len(c.mla_layers), c.n_heads, c.mla_nope_dim + c.mla_rope_dim
+        if c.mla_q_rank:
+            s.update(mla_qa=(Lx, D, c.mla_q_rank), mla_q_norm=(Lx, c.mla_q_rank), mla_qb=(Lx, c.mla_q_rank, H * qk))
+        else:
+            s["mla_q"] = (Lx, D, H * qk)
+        s.update(mla_kva=(Lx, D, c.mla_kv_rank + c.mla_rope_dim), mla_kv_norm=(Lx, c.mla_kv_rank),
+                 mla_kvb=(Lx, c.mla_kv_rank, H * (c.mla_nope_dim + c.mla_v_dim)), mla_o=(Lx, H * c.mla_v_dim, D))
     if c.gdn_layers:
         Lg, qk, vv, Hv = len(c.gdn_layers), c.gdn_k_heads * c.gdn_k_dim, c.gdn_v_heads * c.gdn_v_dim, c.gdn_v_heads
         s.update(gdn_q=(Lg, D, qk), gdn_k=(Lg, D, qk), gdn_v=(Lg, D, vv), gdn_z=(Lg, D, vv), gdn_b=(Lg, D, Hv),
@@ -156,15 +174,16 @@ def random_weights(c: Config, seed: int = MINI_SEED) -> Weights:
             a = MINI_ROUTER_SCALE * rng.standard_normal(shape) / np.sqrt(shape[-2])
         elif name == "router_bias":
             a = 0.1 * rng.standard_normal(shape)
-        elif name == "gdn_A_log":  # as Qwen3-Next initialises it: log U(1, 16), decays exp(-A softplus(.)) in (0, 1)
+        elif name in ("gdn_A_log", "kda_A_log"):  # log U(1, 16) as Qwen3-Next's init: decays exp(-A softplus(.))
             a = np.log(rng.uniform(1.0, 16.0, shape))
-        elif name == "gdn_dt_bias":
+        elif name in ("gdn_dt_bias", "kda_dt_bias"):
             a = np.ones(shape) + 0.1 * rng.standard_normal(shape)
-        elif name == "gdn_conv":  # depthwise taps: fan-in is the taps
+        elif name in ("gdn_conv", "kda_conv"):  # depthwise taps: fan-in is the taps
             a = rng.standard_normal(shape) / np.sqrt(shape[-1])
         else:
             fan_in = shape[-2]
-            scale = MINI_OUT_PROJ_SCALE if name in ("wo", "down", "e_down", "s_down", "gdn_out") else 1.0
+            out_proj = ("wo", "down", "e_down", "s_down", "gdn_out", "kda_out", "mla_o")
+            scale = MINI_OUT_PROJ_SCALE if name in out_proj else 1.0
             a = scale * rng.standard_normal(shape) / np.sqrt(fan_in)
         arrays[name] = a.astype(np.float32)
     return Weights(c, arrays, sha256=arrays_sha256(arrays), source=f"random(seed={seed})")
@@ -204,9 +223,13 @@ _REORDERED_AXES = {
     "s_gate": {1: "D", 2: "Fs"}, "s_up": {1: "D", 2: "Fs"}, "s_down": {1: "Fs", 2: "D"},
     "wg": {1: "D"}, "gdn_q": {1: "D"}, "gdn_k": {1: "D"}, "gdn_v": {1: "D"}, "gdn_z": {1: "D"}, "gdn_b": {1: "D"},
     "gdn_a": {1: "D"}, "gdn_out": {2: "D"},
+    "kda_q": {1: "D"}, "kda_k": {1: "D"}, "kda_v": {1: "D"}, "kda_fa": {1: "D"}, "kda_b": {1: "D"}, "kda_ga": {1: "D"},
+    "kda_out": {2: "D"}, "mla_q": {1: "D"}, "mla_qa": {1: "D"}, "mla_kva": {1: "D"}, "mla_o": {2: "D"},
 }
 _UNORDERED = ("q_norm", "k_norm", "bq", "bk", "bv", "sinks", "router_bias", "gdn_conv", "gdn_A_log", "gdn_dt_bias",
-              "gdn_norm")
+              "gdn_norm", "kda_conv", "kda_fb", "kda_dt_bias", "kda_A_log", "kda_gb", "kda_norm", "mla_q_norm",
+              "mla_qb",
+              "mla_kv_norm", "mla_kvb")
 
 
 def hidden_permutation(c: Config, seed: int) -> np.ndarray:

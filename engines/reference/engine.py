@@ -25,6 +25,7 @@ from engines.base import (
     next_pow2,
     source_fingerprint,
 )
+from engines.config import RECURRENT
 from engines.errors import ModelError
 from engines.lazy import as_lazy
 from engines.loop import (
@@ -188,10 +189,10 @@ class ReferenceEngine(PrefillScoring, Engine):
 
     @staticmethod
     def _seed_impl(c, pk, pv, batch, slots):
-        """Per layer [batch, K, slots, hd] caches whose first slots hold the prefix's K/V [1, K, P, hd]; a GDN
-        layer's state after the prefix, copied to every row."""
+        """Per layer [batch, K, slots, hd] caches whose first slots hold the prefix's K/V [1, K, P, hd]; a
+        recurrent layer's state after the prefix, copied to every row."""
         def grow(layer, x):
-            if c.kind(layer) == "gdn":
+            if c.kind(layer) in RECURRENT:
                 return jnp.broadcast_to(x, (batch, *x.shape[1:]))
             return jnp.zeros((batch, x.shape[1], slots, x.shape[3]), x.dtype).at[:, :, :x.shape[2]].set(
                 jnp.broadcast_to(x, (batch, *x.shape[1:])))
@@ -199,9 +200,9 @@ class ReferenceEngine(PrefillScoring, Engine):
 
     @staticmethod
     def _grow_impl(c, kc, vc, slots):
-        """The attention layers' caches padded to slots (a GDN layer's state has no slots)."""
+        """The attention and MLA layers' caches padded to slots (a recurrent layer's state has no slots)."""
         def pad(layer, x):
-            return x if c.kind(layer) == "gdn" else jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0)))
+            return x if c.kind(layer) in RECURRENT else jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0)))
         return [pad(i, x) for i, x in enumerate(kc)], [pad(i, x) for i, x in enumerate(vc)]
 
     @classmethod

@@ -56,11 +56,13 @@ def gated_norm(o: jax.Array, w: jax.Array, z: jax.Array, eps: float, rms_norm) -
 
 
 def delta_rule(q, k, v, beta, g, S, valid):
-    """The recurrence over T tokens. q, k [B, T, Hv, dk]; v [B, T, Hv, dv]; beta, g [B, T, Hv]; S [B, Hv, dk, dv];
-    valid [B, T] (False: the row's state does not move). Returns o [B, T, Hv, dv] and the final S."""
+    """The recurrence over T tokens. q, k [B, T, Hv, dk]; v [B, T, Hv, dv]; beta [B, T, Hv]; g, the log decay,
+    [B, T, Hv] (one per head: GDN) or [B, T, Hv, dk] (one per key channel: KDA); S [B, Hv, dk, dv]; valid [B, T]
+    (False: the row's state does not move). Returns o [B, T, Hv, dv] and the final S."""
     def step(S, xs):
         q_t, k_t, v_t, b_t, g_t, ok = xs
-        S1 = S * jnp.exp(g_t)[:, :, None, None]
+        decay = jnp.exp(g_t)
+        S1 = S * (decay[:, :, None, None] if decay.ndim == 2 else decay[..., None])
         mem = jnp.einsum("bhkv,bhk->bhv", S1, k_t, precision=HIGHEST)
         S1 = S1 + jnp.einsum("bhk,bhv->bhkv", k_t, (v_t - mem) * b_t[:, :, None], precision=HIGHEST)
         o_t = jnp.einsum("bhkv,bhk->bhv", S1, q_t, precision=HIGHEST)

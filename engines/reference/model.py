@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from engines.config import Config
-from engines.reference import gdn, rope
+from engines.reference import gdn, kda, mla, rope
 
 f32 = jnp.float32  # the compute dtype: float64 only inside float64_math
 _EXACT = threading.Lock()
@@ -117,8 +117,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, window
         e = jnp.exp(scores - top)
         probs = e / (jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(sink - top))
     out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
-    out = out.reshape(B, K, G, T, hd).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, hd]
-    return out.reshape(B, T, H * hd)
+    dv = v.shape[-1]  # the values' dim (MLA's differs from the keys')
+    out = out.reshape(B, K, G, T, dv).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, dv]
+    return out.reshape(B, T, H * dv)
 
 
 # Query rows per block of a fresh prefill's causal attention: block i attends to keys 0..end of block i
@@ -245,16 +246,19 @@ def empty_cache(c: Config, batch: int, slots: int, dtype=None) -> tuple[list, li
     for i in range(c.n_layers):
         if c.kind(i) == "gdn":
             conv, S = gdn.empty_state(c, batch, dtype)
+        elif c.kind(i) == "kda":
+            conv, S = kda.empty_state(c, batch, dtype)
         else:
-            conv, S = (jnp.zeros((batch, c.n_kv_heads, slots, c.head_dim), dtype) for _ in "kv")  # two buffers
+            H, dk, dv = c.cache_dims(i)
+            conv, S = jnp.zeros((batch, H, slots, dk), dtype), jnp.zeros((batch, H, slots, dv), dtype)
         ks.append(conv)
         vs.append(S)
     return ks, vs
 
 
 def cache_slots_of(c: Config, k_cache: list) -> int:
-    """The slots an attention layer's cache holds (a GDN layer's state has none)."""
-    return k_cache[c.attn_layers[0]].shape[2]
+    """The slots an attention or MLA layer's cache holds (a recurrent layer's state has none)."""
+    return k_cache[c.kv_layers[0]].shape[2]
 
 
 def _attention_layer(h, p: dict, i: int, c: Config, cos_sin, positions, rows, kc, vc, kv_dt, fresh):
@@ -325,9 +329,17 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
     taps, routing = [], []
     for layer in range(c.n_layers):
         h = rms_norm(x, p["attn_norm"][layer], eps, style)
-        if c.kind(layer) == "gdn":
-            out, k_cache[layer], v_cache[layer] = gdn.gdn_layer(
-                h, p, c.gdn_layers.index(layer), c, k_cache[layer], v_cache[layer], lengths, matmul, rms_norm, f32)
+        if c.kind(layer) in ("gdn", "kda"):
+            layer_fn, index = (gdn.gdn_layer, c.gdn_layers) if c.kind(layer) == "gdn" else (kda.kda_layer, c.kda_layers)
+            out, k_cache[layer], v_cache[layer] = layer_fn(
+                h, p, index.index(layer), c, k_cache[layer], v_cache[layer], lengths, matmul, rms_norm, f32)
+        elif c.kind(layer) == "mla":
+            def attend(q, k, v, kc, vc, scale):
+                return (causal_attention(q, k, v, positions, scale=scale) if fresh
+                        else attention(q, kc, vc, positions, scale=scale))
+            out, k_cache[layer], v_cache[layer] = mla.mla_layer(
+                h, p, c.mla_layers.index(layer), c, positions, rows, k_cache[layer], v_cache[layer],
+                lambda x: recipe_round(x, kv_dt), attend, matmul, rms_norm)
         else:
             out, k_cache[layer], v_cache[layer] = _attention_layer(
                 h, p, attn_of[layer], c, ropes[c.kind(layer)], positions, rows, k_cache[layer], v_cache[layer],

@@ -25,10 +25,11 @@ ORACLE_TOL = 1e-4
 # float64_rung) is larger than half of ORACLE_TOL, the float32 comparison is bounded by twice that error instead:
 # it cannot resolve less. Measured: 1.6e-4 for Qwen3-Next's chunked delta rule (mini-qwen-hybrid).
 ORACLE_OWN_ERROR_FACTOR = 2.0
-# The float64 rung (mini-qwen-hybrid): the reference's float64 logits against transformers' float64 run.
-# Measured 6.2e-9 (max |dlogprob|), all of it the RoPE inverse frequencies (float32 in the reference, as
-# transformers computes them in its float32 runs; float64 in the oracle's float64 run); 1,600x below the
-# oracle's own float32 error, so any difference of float32 size, and every skeptic mutation, fails it.
+# The float64 rung (mini-qwen-hybrid, mini-kimi-linear): the reference's float64 logits against transformers'
+# float64 run. Measured (max |dlogprob|): 6.2e-9 mini-qwen-hybrid, all of it the RoPE inverse frequencies (float32
+# in the reference, as transformers computes them in its float32 runs; float64 in the oracle's float64 run);
+# 4.5e-14 mini-kimi-linear (no RoPE). 1e-7 is 100x below the smallest float32 oracle error measured (9.8e-6,
+# mini-kimi-linear), so a difference of float32 size fails it, as every skeptic mutation does.
 ORACLE_F64_TOL = 1e-7
 
 

@@ -139,11 +139,11 @@ MUTATIONS = {
 }
 
 
-def _oracle_rungs(w: Weights, runs: int = 2) -> tuple[bool, float, float]:
+def oracle_rungs(w: Weights, runs: int = 2, oracle: dict = ORACLE) -> tuple[bool, float, float]:
     """(greedy tokens equal, float32 max |Δlogprob|, float64 max |Δlogprob|) against the oracle's first runs."""
-    sub = {**ORACLE, "runs": ORACLE["runs"][:runs],
-           "float64": {**ORACLE["float64"], "top_logprobs": ORACLE["float64"]["top_logprobs"][:runs]}}
-    gens = ReferenceEngine(w).generate([r["prompt"] for r in sub["runs"]], ORACLE["n_new"], top_k=5)
+    sub = {**oracle, "runs": oracle["runs"][:runs],
+           "float64": {**oracle["float64"], "top_logprobs": oracle["float64"]["top_logprobs"][:runs]}}
+    gens = ReferenceEngine(w).generate([r["prompt"] for r in sub["runs"]], oracle["n_new"], top_k=5)
     same = all(g.token_ids == r["tokens"] for g, r in zip(gens, sub["runs"]))
     f32 = max(float(np.abs(np.asarray(g.top_logprobs) - [s["top_logprobs"] for s in r["steps"]]).max())
               for g, r in zip(gens, sub["runs"]) if g.token_ids == r["tokens"]) if same else float("inf")
@@ -161,14 +161,14 @@ def fresh_programs():
 def test_the_oracle_catches_each_mutation(name, hybrid, monkeypatch, fresh_programs):
     attr, fn = MUTATIONS[name]
     monkeypatch.setattr(gdn, attr, fn)
-    same, f32, f64 = _oracle_rungs(hybrid)
+    same, f32, f64 = oracle_rungs(hybrid)
     print(f"{name}: tokens {'same' if same else 'differ'}, float32 {f32:.1e}, float64 {f64:.1e}")
     assert not same or f32 > float32_bound(ORACLE) or f64 > ORACLE_F64_TOL
 
 
 def test_the_oracle_catches_a_full_rope_for_a_partial_one(hybrid, fresh_programs):
     c = dataclasses.replace(hybrid.config, rotary_dim=0)  # every dim rotated where a quarter should be
-    same, f32, f64 = _oracle_rungs(Weights(c, hybrid.arrays, hybrid.sha256, hybrid.source))
+    same, f32, f64 = oracle_rungs(Weights(c, hybrid.arrays, hybrid.sha256, hybrid.source))
     print(f"full RoPE: tokens {'same' if same else 'differ'}, float32 {f32:.1e}, float64 {f64:.1e}")
     assert not same or f32 > float32_bound(ORACLE) or f64 > ORACLE_F64_TOL
 
@@ -178,6 +178,6 @@ def test_padding_must_not_advance_the_state(hybrid, monkeypatch, fresh_programs)
     generate then differs from the oracle on the shorter prompts."""
     forward = model.forward
     monkeypatch.setattr(model, "forward", lambda *a, **kw: forward(*a, **{**kw, "lengths": None}))
-    same, f32, _ = _oracle_rungs(hybrid)
+    same, f32, _ = oracle_rungs(hybrid)
     print(f"padding through the recurrence: tokens {'same' if same else 'differ'}, float32 {f32:.1e}")
     assert not same or f32 > float32_bound(ORACLE)

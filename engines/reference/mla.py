@@ -1,0 +1,42 @@
+"""Multi-head latent attention, Kimi's form (Kimi Linear, Kimi K3): no RoPE anywhere, the shared k_pe part of the
+compressed KV used raw. The cache is the expanded per-head form (each head's key [nope | k_pe] and value), the
+reference form; the absorbed latent cache is an engine's optimisation to be measured against it.
+
+Per token: q = x Wq (or rms(x Wqa) Wqb) per head [nope + rope]; [c | k_pe] = x Wkva; c = rms(c) * w (with
+Config.mla_norm_eps, not rms_eps); per head [k_nope | v] = c Wkvb; k = [k_nope | k_pe]; softmax(q.k * (nope +
+rope)^-1/2) over the positions up to the query's; the heads' outputs through Wo.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from engines.config import Config
+
+
+def score_scale(c: Config) -> float:
+    """(nope + rope)^-1/2: the key's true width (K3: 192^-1/2, not a kernel's padded 256)."""
+    return (c.mla_nope_dim + c.mla_rope_dim) ** -0.5
+
+
+def mla_layer(h, p: dict, i: int, c: Config, positions, rows, kc, vc, kv_round, attend, matmul, rms_norm):
+    """One MLA layer on the normed input h [B, T, D] (the i-th MLA layer's weights): its output [B, T, D] and the
+    caches (kc [B, H, S, nope+rope], vc [B, H, S, v]) with this call's keys and values written at their positions.
+    attend(q, k, v, kc, vc, scale): the reference's attention over this call's keys (fresh) or the cache."""
+    B, T, _ = h.shape
+    H, n, r, dv, rk = c.n_heads, c.mla_nope_dim, c.mla_rope_dim, c.mla_v_dim, c.mla_kv_rank
+    if c.mla_q_rank:
+        q = matmul(rms_norm(matmul(h, p["mla_qa"][i]), p["mla_q_norm"][i], c.mla_norm_eps), p["mla_qb"][i])
+    else:
+        q = matmul(h, p["mla_q"][i])
+    q = q.reshape(B, T, H, n + r)
+    ckv = matmul(h, p["mla_kva"][i])
+    latent, k_pe = rms_norm(ckv[..., :rk], p["mla_kv_norm"][i], c.mla_norm_eps), ckv[..., rk:]
+    kv = matmul(latent, p["mla_kvb"][i]).reshape(B, T, H, n + dv)
+    k = jnp.concatenate([kv[..., :n], jnp.broadcast_to(k_pe[:, :, None, :], (B, T, H, r))], axis=-1)
+    k, v = kv_round(k), kv_round(kv[..., n:])
+    kc = kc.at[rows, :, positions].set(k.astype(kc.dtype))
+    vc = vc.at[rows, :, positions].set(v.astype(vc.dtype))
+    out = attend(q, k, v, kc, vc, score_scale(c))
+    return matmul(out, p["mla_o"][i]), kc, vc
+

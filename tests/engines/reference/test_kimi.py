@@ -1,0 +1,98 @@
+"""Kimi's layers in the reference (Kimi Delta Attention, Kimi's NoPE multi-head latent attention, the DeepSeek-style
+router): hand-worked numbers, then skeptic mutations that the transformers oracle of mini-kimi-linear
+(tests/engines/oracle/mini-kimi-linear.json, Kimi Linear's modelling code) must catch."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from engines.config import Config
+from engines.hf_loader import load_hf
+from engines.reference import gdn, mla, model
+from engines.weights import Weights
+from evalsuite.models import minis_dir
+from tests.engines.reference.test_gdn import STEP_ATOL, STEP_RTOL, fresh_programs, oracle_rungs  # noqa: F401
+from tests.engines.test_oracle import ORACLE_F64_TOL, float32_bound
+
+ORACLE = json.loads((Path(__file__).parents[1] / "oracle" / "mini-kimi-linear.json").read_text())
+
+
+def test_per_channel_decay_against_a_numpy_loop():
+    """KDA's decay is one per key channel: S[h, i, :] *= exp(g[h, i])."""
+    rng = np.random.default_rng(2)
+    T, H, d = 5, 2, 8
+    q, k, v = (rng.standard_normal((T, H, d)) * 0.3 for _ in "qkv")
+    k = k / np.linalg.norm(k, axis=-1, keepdims=True)
+    beta = 1 / (1 + np.exp(-rng.standard_normal((T, H))))
+    g = -np.exp(rng.uniform(0, 1, (T, H, d))) * np.log1p(np.exp(rng.standard_normal((T, H, d))))
+    S = rng.standard_normal((H, d, d)) * 0.3
+    out = []
+    S_np = S.copy()
+    for t in range(T):
+        S_np = S_np * np.exp(g[t])[:, :, None]
+        S_np = S_np + np.einsum("hk,hv->hkv", k[t], (v[t] - np.einsum("hkv,hk->hv", S_np, k[t])) * beta[t][:, None])
+        out.append(np.einsum("hkv,hk->hv", S_np, q[t]))
+    o, S_j = gdn.delta_rule(*(jnp.asarray(a[None], jnp.float32) for a in (q, k, v, beta, g)),
+                            jnp.asarray(S[None], jnp.float32), jnp.ones((1, T), bool))
+    np.testing.assert_allclose(np.asarray(o[0]), np.stack(out), rtol=STEP_RTOL, atol=STEP_ATOL)
+    np.testing.assert_allclose(np.asarray(S_j[0]), S_np, rtol=STEP_RTOL, atol=STEP_ATOL)
+
+
+def test_router_bias_selects_only_on_the_worked_example():
+    """ARCHITECTURES.md's example: logits [-2, 0, 2, 3] with bias [2, 1, 0, 0] select experts 0 and 1 (biased scores
+    2.12, 1.5 against 0.88, 0.95), weighted by their unbiased sigmoids renormalised."""
+    c = Config(name="t", family="moe", vocab_size=4, hidden=1, n_layers=2, n_heads=1, n_kv_heads=1, head_dim=2, ffn=1,
+               rope_theta=1.0, rms_eps=1e-6, max_context=8, tie_embeddings=True, n_experts=4, top_k=2, moe_ffn=1,
+               first_dense=1, router="sigmoid", norm_topk=True, routed_scale=1.0)
+    logits, bias = jnp.asarray([[-2.0, 0.0, 2.0, 3.0]]), jnp.asarray([2.0, 1.0, 0.0, 0.0])
+    w = np.asarray(model.route(jnp.ones((1,)), logits, bias, c))
+    s = 1 / (1 + np.exp(-np.array([-2.0, 0.0])))
+    np.testing.assert_allclose(w, [s[0] / s.sum(), s[1] / s.sum(), 0.0, 0.0], rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def kimi():
+    return load_hf(minis_dir() / "mini-kimi-linear", "mini-kimi-linear")
+
+
+def _caught(same: bool, f32: float, f64: float) -> bool:
+    return not same or f32 > float32_bound(ORACLE) or f64 > ORACLE_F64_TOL
+
+
+def test_the_oracle_catches_kdas_gate_collapsed_to_one_per_head(kimi, monkeypatch, fresh_programs):  # noqa: F811
+    rule = gdn.delta_rule
+    monkeypatch.setattr(gdn, "delta_rule", lambda q, k, v, b, g, S, ok: rule(q, k, v, b, g.mean(-1) if g.ndim == 4
+                                                                             else g, S, ok))
+    same, f32, f64 = oracle_rungs(kimi, oracle=ORACLE)
+    print(f"KDA gate per head: tokens {'same' if same else 'differ'}, float32 {f32:.1e}, float64 {f64:.1e}")
+    assert _caught(same, f32, f64)
+
+
+def test_the_oracle_catches_the_router_bias_in_the_weights(kimi, monkeypatch, fresh_programs):  # noqa: F811
+    scores = model.router_scores
+    monkeypatch.setattr(model, "router_scores", lambda x, r, b, c: (scores(x, r, b, c)[1],) * 2)
+    same, f32, f64 = oracle_rungs(kimi, oracle=ORACLE)
+    print(f"router bias in the weights: tokens {'same' if same else 'differ'}, float32 {f32:.1e}, float64 {f64:.1e}")
+    assert _caught(same, f32, f64)
+
+
+def test_the_oracle_catches_the_latent_norm_eps(kimi, fresh_programs):  # noqa: F811
+    """The mistake the float64 rung found in this reference: transformers' latent norms use the RMSNorm default 1e-6,
+    not the model's rms_norm_eps (1e-5). Float32 cannot see it (Δlogprob ~1e-5, under its bound)."""
+    c = dataclasses.replace(kimi.config, mla_norm_eps=kimi.config.rms_eps)
+    same, f32, f64 = oracle_rungs(Weights(c, kimi.arrays, kimi.sha256, kimi.source), oracle=ORACLE)
+    print(f"latent norm eps 1e-5: tokens {'same' if same else 'differ'}, float32 {f32:.1e}, float64 {f64:.1e}")
+    assert _caught(same, f32, f64)
+
+
+def test_the_oracle_catches_the_padded_score_scale(kimi, monkeypatch, fresh_programs):  # noqa: F811
+    monkeypatch.setattr(mla, "score_scale", lambda c: (c.mla_nope_dim + c.mla_rope_dim + 8) ** -0.5)
+    same, f32, f64 = oracle_rungs(kimi, oracle=ORACLE)
+    print(f"padded score scale: tokens {'same' if same else 'differ'}, float32 {f32:.1e}, float64 {f64:.1e}")
+    assert _caught(same, f32, f64)
