@@ -255,7 +255,8 @@ def float64_rung(model, runs: list[dict]) -> dict:
 def build(name: str, cfg) -> None:
     torch.manual_seed(SEED)
     cfg._attn_implementation = "eager"
-    cfg._experts_implementation = "eager"  # the per-expert loop: the grouped matmul has no float64
+    if name in FLOAT64_RUNG:
+        cfg._experts_implementation = "eager"  # the per-expert loop: the grouped matmul has no float64
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
     init_weights(model, gemma_norms=cfg.model_type.startswith("gemma") or cfg.model_type == "qwen3_next", seed=SEED)
     out = ROOT / "engines" / "minis" / name
