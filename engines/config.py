@@ -212,7 +212,9 @@ class Config:
                 "norm_style", "post_norms", "mlp_act", "embed_scale", "query_scale", "attn_softcap",
                 "final_softcap", "attn_sinks", "expert_act", "expert_bias", "attn_out_gate", "rotary_dim")
         mine, theirs = self.to_dict(), base.to_dict()
-        return [f for f in wide if mine[f] != theirs[f] and not (f == "layer_kinds" and set(mine[f]) == {"full"})]
+        out = [f for f in wide if mine[f] != theirs[f] and not (f == "layer_kinds" and set(mine[f]) == {"full"})]
+        kinds = sorted(set(self.layer_kinds) - {"full"})
+        return [f"layer_kinds ({', '.join(kinds)})" if f == "layer_kinds" else f for f in out]
 
 
 MINI_LLAMA = Config(

@@ -96,3 +96,56 @@ def test_the_oracle_catches_the_padded_score_scale(kimi, monkeypatch, fresh_prog
     same, f32, f64 = oracle_rungs(kimi, oracle=ORACLE)
     print(f"padded score scale: tokens {'same' if same else 'differ'}, float32 {f32:.1e}, float64 {f64:.1e}")
     assert _caught(same, f32, f64)
+
+
+def _original_layout(name: str) -> str:
+    """transformers' tensor name -> the original Kimi Linear checkpoints' (what save_pretrained writes back)."""
+    for ours, theirs in (("forget_gate.", ""), (".mlp.", ".block_sparse_moe.")):
+        name = name.replace(ours, theirs)
+    return name
+
+
+def test_the_original_checkpoint_layout_loads_the_same(tmp_path, kimi):
+    """The released checkpoints name things as Moonshot's code does: separate q/k/v convs, the forget gate's tensors
+    under self_attn, block_sparse_moe with per-expert w1 (gate), w3 (up), w2 (down)."""
+    from safetensors.numpy import load_file, save_file
+
+    src = minis_dir() / "mini-kimi-linear"
+    t, out = load_file(str(src / "model.safetensors")), {}
+    for k, v in t.items():
+        if k.endswith("self_attn.conv1d.weight"):
+            for x, part in zip("qkv", np.split(v, 3)):
+                out[k.replace("conv1d", f"{x}_conv1d")] = part
+        elif k.endswith("mlp.experts.gate_up_proj"):  # [E, 2F, D]: gate rows, then up rows
+            F = v.shape[1] // 2
+            for e in range(v.shape[0]):
+                out[_original_layout(k).replace("gate_up_proj", f"{e}.w1.weight")] = v[e, :F]
+                out[_original_layout(k).replace("gate_up_proj", f"{e}.w3.weight")] = v[e, F:]
+        elif k.endswith("mlp.experts.down_proj"):
+            for e in range(v.shape[0]):
+                out[_original_layout(k).replace("down_proj", f"{e}.w2.weight")] = v[e]
+        else:
+            out[_original_layout(k)] = v
+    (tmp_path / "config.json").write_text((src / "config.json").read_text())
+    save_file(out, str(tmp_path / "model.safetensors"))
+    w = load_hf(tmp_path, "kimi-original")
+    assert any(".block_sparse_moe.experts.0.w1." in k for k in out) and not any("forget_gate" in k for k in out)
+    assert sorted(w.arrays) == sorted(kimi.arrays)
+    for k in kimi.arrays:
+        assert np.array_equal(np.asarray(w.arrays[k]), np.asarray(kimi.arrays[k])), k
+
+
+@pytest.mark.parametrize("model_dir, change, message", [
+    ("mini-kimi-linear", {"mla_use_nope": False}, "MLA with RoPE"),
+    ("mini-kimi-linear", {"num_key_value_heads": 2}, "num_key_value_heads != num_attention_heads"),
+    ("mini-kimi-linear", {"mlp_layer_types": ["sparse", "dense", "sparse", "sparse"]}, "not dense layers followed"),
+    ("mini-qwen-hybrid", {"num_experts": 4}, "Qwen3-Next's sparse MoE layers"),
+])
+def test_unsupported_hybrid_configs_are_one_line_errors(tmp_path, model_dir, change, message):
+    from engines.errors import ModelError
+
+    src = minis_dir() / model_dir
+    (tmp_path / "config.json").write_text(json.dumps({**json.loads((src / "config.json").read_text()), **change}))
+    (tmp_path / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes())
+    with pytest.raises(ModelError, match=message):
+        load_hf(tmp_path)
