@@ -89,6 +89,15 @@ def configs() -> dict:
             mlp_layer_types=["dense"] + ["sparse"] * 3, num_local_experts=8, num_experts_per_tok=2,
             moe_intermediate_size=32, n_shared_experts=1, routed_scaling_factor=2.446, norm_topk_prob=True,
             linear_attn_config={"head_dim": 16, "num_heads": 4, "short_conv_kernel_size": 4}),
+        # DeepSeek-V3's multi-head latent attention on every layer (low-rank q, the rotated shared k_pe, interleaved
+        # rope pairs) with its MoE after one dense layer: the MLA form the Kimi mini's NoPE one is set beside.
+        "mini-deepseek-mla": t.DeepseekV3Config(
+            **{k: v for k, v in COMMON.items() if k not in ("head_dim", "num_key_value_heads")}, num_key_value_heads=4,
+            intermediate_size=128, rms_norm_eps=1e-6, tie_word_embeddings=False, q_lora_rank=24, kv_lora_rank=32,
+            qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
+            moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+            routed_scaling_factor=2.5, norm_topk_prob=True, rope_interleave=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
         # not a registry mini: the llama3-style RoPE scaling (Llama 3.1), on the plain Llama layer. With head_dim 16,
         # theta 10,000 and original 64, two of the 8 frequencies fall in the smoothed middle band (wavelengths
         # 19.9 and 62.8 between 64/4 and 64/1), one is kept and five are divided by the factor.
@@ -105,7 +114,7 @@ def init_weights(model: torch.nn.Module, gemma_norms: bool, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     D = model.config.hidden_size
     qwen_next = model.config.model_type == "qwen3_next"
-    kimi = model.config.model_type == "kimi_linear"
+    kimi = model.config.model_type in ("kimi_linear", "deepseek_v3")  # fused experts [E, 2F, D], router [E, D]
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             r = torch.randn(p.shape, generator=g, dtype=torch.float32)
@@ -198,16 +207,15 @@ def greedy(model, prompt: list[int]) -> dict:
 # The architectures whose oracle also runs in float64: in float32 the chunked delta rule transformers runs for
 # Qwen3-Next is itself 1.6e-4 (max |dlogprob|) from its own float64 run, more than ORACLE_TOL, so float32 alone
 # cannot tell a reference error of that size; in float64 the two implementations can be compared closely.
-FLOAT64_RUNG = ("mini-qwen-hybrid", "mini-kimi-linear")
+FLOAT64_RUNG = ("mini-qwen-hybrid", "mini-kimi-linear", "mini-deepseek-mla")
 
 
 @contextmanager
 def float64_everywhere():
     """transformers computes norms, gates, routers and the softmax in float32 whatever the model's dtype
     (`.float()`, `.to(torch.float32)`, `.type(torch.float32)`, softmax(dtype=torch.float32)); inside this block each
-    of those gives float64 instead,
-    so a .double() model runs in float64 throughout. (RoPE's inverse frequencies then come out in float64 too;
-    the reference keeps transformers' float32 ones, a difference of a few 1e-9 in the logprobs.)"""
+    of those gives float64 instead, so a .double() model runs in float64 throughout (buffers computed at
+    construction, as RoPE's inverse frequencies, keep their float32 values)."""
     to, flt, softmax, typ = torch.Tensor.to, torch.Tensor.float, torch.nn.functional.softmax, torch.Tensor.type
 
     def to64(self, *args, **kw):

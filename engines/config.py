@@ -95,6 +95,7 @@ class Config:
     mla_rope_dim: int = 0
     mla_v_dim: int = 0
     mla_norm_eps: float = 1e-6  # the latent norms' eps: DeepSeek's and Kimi's code build them with the default 1e-6
+    mla_rope: bool = False  # DeepSeek-V3: q's and k_pe's rope dims rotated (rope_style, rope_theta); Kimi: NoPE
 
     def __post_init__(self) -> None:
         if self.family not in ("dense", "moe"):

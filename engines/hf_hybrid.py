@@ -67,6 +67,23 @@ def kimi_linear_fields(cfg: dict, path: Path) -> dict:
                 head_dim=int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"]), n_kv_heads=H)
 
 
+def deepseek_mla_fields(cfg: dict, path: Path) -> dict:
+    """DeepSeek-V3 with its multi-head latent attention on every layer: the rope part of q and the shared k_pe
+    rotated (interleaved pairs unless rope_interleave is false). Its YaRN (the real checkpoints') also scales the
+    softmax by mscale^2, which the reference does not implement: a scaled RoPE is refused."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if (params.get("rope_type") or params.get("type") or "default") != "default":
+        kind = params.get("rope_type") or params.get("type")
+        raise ModelError(f"{path}: DeepSeek-V3's MLA with a scaled RoPE ({kind}) is not supported")
+    L, H = int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"])
+    nope, rope = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
+    return dict(layer_kinds=("mla",) * L, mla_q_rank=int(cfg.get("q_lora_rank") or 0),
+                mla_kv_rank=int(cfg["kv_lora_rank"]),
+                mla_nope_dim=nope, mla_rope_dim=rope, mla_v_dim=int(cfg.get("v_head_dim") or nope), mla_rope=True,
+                rope_style="interleaved" if cfg.get("rope_interleave", True) else "half", head_dim=nope + rope,
+                n_kv_heads=H)
+
+
 def kimi_mlp_split(cfg: dict, L: int, path: Path) -> int:
     """The number of leading dense MLP layers (the rest are MoE); refuses any other order."""
     kinds = cfg.get("mlp_layer_types") or ["dense" if i < int(cfg.get("first_k_dense_replace", 1)) else "sparse"

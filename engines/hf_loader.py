@@ -1,14 +1,14 @@
 """Load a Hugging Face checkpoint directory (config.json + *.safetensors) into float32 Weights.
 
-Supported model_types: llama, qwen2, qwen3 (dense), qwen3_moe (softmax router), deepseek_v3 with plain
-q/k/v attention (biased sigmoid router, shared experts, first_k_dense_replace), gemma2, gemma3_text
-(Gemma3ForCausalLM), gpt_oss (MXFP4 experts dequantised on load) and qwen3_next (the Gated DeltaNet hybrid of
-Qwen3-Next / Qwen3.8: GDN layers and gated full-attention layers with a partial RoPE; dense MLP layers only) and
-kimi_linear (Kimi Delta Attention and NoPE multi-head latent attention layers, DeepSeek-style MoE; engines.hf_hybrid).
-RoPE scaling: linear, llama3, yarn, read from transformers 5's `rope_parameters` or the older `rope_theta` +
-`rope_scaling`. Not supported, each a one-line error naming it: multi-head latent attention (DeepSeek-V3/Kimi
-MLA tensors), grouped routing (n_group > 1), other RoPE scalings, Qwen2's own sliding window, MLP biases,
-Qwen3-Next's sparse MoE.
+Supported model_types: llama, qwen2, qwen3 (dense), qwen3_moe (softmax router), deepseek_v3 with plain q/k/v
+attention or its multi-head latent attention (biased sigmoid router, shared experts, first_k_dense_replace),
+gemma2, gemma3_text (Gemma3ForCausalLM), gpt_oss (MXFP4 experts dequantised on load), qwen3_next (the Gated
+DeltaNet hybrid of Qwen3-Next / Qwen3.8: GDN layers and gated full-attention layers with a partial RoPE; dense MLP
+layers only) and kimi_linear (Kimi Delta Attention and NoPE multi-head latent attention layers, DeepSeek-style MoE);
+the hybrids' parts are in engines.hf_hybrid. RoPE scaling: linear, llama3, yarn, read from transformers 5's
+`rope_parameters` or the older `rope_theta` + `rope_scaling`. Not supported, each a one-line error naming it:
+a scaled RoPE on DeepSeek-V3's MLA, grouped routing (n_group > 1), other RoPE scalings, Qwen2's own sliding window,
+MLP biases, Qwen3-Next's sparse MoE.
 """
 
 from __future__ import annotations
@@ -107,6 +107,8 @@ def _family_fields(cfg: dict, mt: str, path: Path) -> dict:
         out.update(hf_hybrid.qwen3_next_fields(cfg, path))
     if mt == "kimi_linear":
         out.update(hf_hybrid.kimi_linear_fields(cfg, path))
+    if mt == "deepseek_v3" and cfg.get("kv_lora_rank"):
+        out.update(hf_hybrid.deepseek_mla_fields(cfg, path))
     if mt == "gpt_oss":
         out.update(attn_bias=True, o_bias=True, attn_sinks=True, expert_act="gptoss", expert_bias=True,
                    swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)), swiglu_limit=float(cfg.get("swiglu_limit", 7.0)))
@@ -121,9 +123,6 @@ def hf_config(cfg: dict, name: str, path: Path) -> Config:
     if mt not in SUPPORTED:
         raise ModelError(f"unsupported architecture {mt!r} in {path}/config.json; supported: "
                          + ", ".join(SUPPORTED))
-    if mt == "deepseek_v3" and (cfg.get("q_lora_rank") or cfg.get("kv_lora_rank")):
-        raise ModelError(f"{path}: multi-head latent attention (q_lora_rank/kv_lora_rank) is not "
-                         "supported; only plain q/k/v attention")
     if (cfg.get("n_group") or 1) > 1:
         raise ModelError(f"{path}: grouped expert routing (n_group={cfg['n_group']}) is not supported")
     quant = (cfg.get("quantization_config") or {}).get("quant_method")

@@ -1,6 +1,7 @@
-"""Multi-head latent attention, Kimi's form (Kimi Linear, Kimi K3): no RoPE anywhere, the shared k_pe part of the
-compressed KV used raw. The cache is the expanded per-head form (each head's key [nope | k_pe] and value), the
-reference form; the absorbed latent cache is an engine's optimisation to be measured against it.
+"""Multi-head latent attention: Kimi's form (Kimi Linear, Kimi K3: no RoPE anywhere, the shared k_pe part of the
+compressed KV used raw) and DeepSeek-V3's (Config.mla_rope: q's rope part and k_pe rotated by position). The cache
+is the expanded per-head form (each head's key [nope | k_pe] and value), the reference form; the absorbed latent
+cache is an engine's optimisation to be measured against it.
 
 Per token: q = x Wq (or rms(x Wqa) Wqb) per head [nope + rope]; [c | k_pe] = x Wkva; c = rms(c) * w (with
 Config.mla_norm_eps, not rms_eps); per head [k_nope | v] = c Wkvb; k = [k_nope | k_pe]; softmax(q.k * (nope +
@@ -19,10 +20,11 @@ def score_scale(c: Config) -> float:
     return (c.mla_nope_dim + c.mla_rope_dim) ** -0.5
 
 
-def mla_layer(h, p: dict, i: int, c: Config, positions, rows, kc, vc, kv_round, attend, matmul, rms_norm):
+def mla_layer(h, p: dict, i: int, c: Config, positions, rows, kc, vc, kv_round, attend, matmul, rms_norm, rotate=None):
     """One MLA layer on the normed input h [B, T, D] (the i-th MLA layer's weights): its output [B, T, D] and the
     caches (kc [B, H, S, nope+rope], vc [B, H, S, v]) with this call's keys and values written at their positions.
-    attend(q, k, v, kc, vc, scale): the reference's attention over this call's keys (fresh) or the cache."""
+    attend(q, k, v, kc, vc, scale): the reference's attention over this call's keys (fresh) or the cache;
+    rotate(x [B, T, heads, rope]): RoPE at this call's positions (Config.mla_rope)."""
     B, T, _ = h.shape
     H, n, r, dv, rk = c.n_heads, c.mla_nope_dim, c.mla_rope_dim, c.mla_v_dim, c.mla_kv_rank
     if c.mla_q_rank:
@@ -32,6 +34,9 @@ def mla_layer(h, p: dict, i: int, c: Config, positions, rows, kc, vc, kv_round, 
     q = q.reshape(B, T, H, n + r)
     ckv = matmul(h, p["mla_kva"][i])
     latent, k_pe = rms_norm(ckv[..., :rk], p["mla_kv_norm"][i], c.mla_norm_eps), ckv[..., rk:]
+    if c.mla_rope:
+        q = jnp.concatenate([q[..., :n], rotate(q[..., n:])], axis=-1)
+        k_pe = rotate(k_pe[:, :, None, :])[:, :, 0]
     kv = matmul(latent, p["mla_kvb"][i]).reshape(B, T, H, n + dv)
     k = jnp.concatenate([kv[..., :n], jnp.broadcast_to(k_pe[:, :, None, :], (B, T, H, r))], axis=-1)
     k, v = kv_round(k), kv_round(kv[..., n:])

@@ -323,6 +323,7 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
              for kind in {c.kind(i) for i in c.attn_layers}}
     attn_of = {layer: i for i, layer in enumerate(c.attn_layers)}  # attention arrays are stacked over these
     lengths = jnp.full((B,), T, jnp.int32) if lengths is None else lengths
+    mla_rope = rope_cos_sin(positions, c.mla_rope_dim, c.rope_theta) if c.mla_rope else None
     rows = jnp.arange(B)[:, None]  # [B, 1], broadcast with positions for the cache scatter
     eps, style = c.rms_eps, c.norm_style
     kv_dt, res_dt = (recipe.kv_cache, recipe.residual) if recipe is not None else ("float32", "float32")
@@ -339,7 +340,8 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
                         else attention(q, kc, vc, positions, scale=scale))
             out, k_cache[layer], v_cache[layer] = mla.mla_layer(
                 h, p, c.mla_layers.index(layer), c, positions, rows, k_cache[layer], v_cache[layer],
-                lambda x: recipe_round(x, kv_dt), attend, matmul, rms_norm)
+                lambda x: recipe_round(x, kv_dt), attend, matmul, rms_norm,
+                lambda x: apply_rope(x, *mla_rope, c.rope_style))
         else:
             out, k_cache[layer], v_cache[layer] = _attention_layer(
                 h, p, attn_of[layer], c, ropes[c.kind(layer)], positions, rows, k_cache[layer], v_cache[layer],

@@ -25,12 +25,13 @@ ORACLE_TOL = 1e-4
 # float64_rung) is larger than half of ORACLE_TOL, the float32 comparison is bounded by twice that error instead:
 # it cannot resolve less. Measured: 1.6e-4 for Qwen3-Next's chunked delta rule (mini-qwen-hybrid).
 ORACLE_OWN_ERROR_FACTOR = 2.0
-# The float64 rung (mini-qwen-hybrid, mini-kimi-linear): the reference's float64 logits against transformers'
-# float64 run. Measured (max |dlogprob|): 6.2e-9 mini-qwen-hybrid, all of it the RoPE inverse frequencies (float32
-# in the reference, as transformers computes them in its float32 runs; float64 in the oracle's float64 run);
-# 4.5e-14 mini-kimi-linear (no RoPE). 1e-7 is 100x below the smallest float32 oracle error measured (9.8e-6,
-# mini-kimi-linear), so a difference of float32 size fails it, as every skeptic mutation does.
-ORACLE_F64_TOL = 1e-7
+# The float64 rung (the hybrids and MLA): the reference's float64 logits against transformers' float64 run.
+# Measured (max |dlogprob|): 4.5e-14 mini-kimi-linear (no RoPE); 6.2e-9 mini-qwen-hybrid and 4.7e-8
+# mini-deepseek-mla, a residual seen only with RoPE whose source is not pinned down (the inverse frequencies in
+# float64 change nothing; it is 1.6e-9 already after the first layer). 1e-6 is 21x above the largest residual and
+# 6x below the smallest float32 oracle error (6.3e-6, mini-deepseek-mla), and every skeptic mutation tried fails it
+# (the closest: GDN's L2-norm eps outside the sum, 2.3e-6).
+ORACLE_F64_TOL = 1e-6
 
 
 def float32_bound(oracle: dict) -> float:

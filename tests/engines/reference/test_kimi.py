@@ -149,3 +149,13 @@ def test_unsupported_hybrid_configs_are_one_line_errors(tmp_path, model_dir, cha
     (tmp_path / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes())
     with pytest.raises(ModelError, match=message):
         load_hf(tmp_path)
+
+
+def test_the_oracle_catches_deepseeks_key_left_unrotated(fresh_programs):  # noqa: F811
+    """DeepSeek-V3's MLA rotates q's rope part and the shared k_pe; Kimi's does not. Taking one for the other fails."""
+    oracle = json.loads((Path(__file__).parents[1] / "oracle" / "mini-deepseek-mla.json").read_text())
+    w = load_hf(minis_dir() / "mini-deepseek-mla", "mini-deepseek-mla")
+    c = dataclasses.replace(w.config, mla_rope=False)
+    same, f32, f64 = oracle_rungs(Weights(c, w.arrays, w.sha256, w.source), oracle=oracle)
+    print(f"DeepSeek MLA as NoPE: tokens {'same' if same else 'differ'}, float32 {f32:.1e}, float64 {f64:.1e}")
+    assert not same or f32 > float32_bound(oracle) or f64 > ORACLE_F64_TOL
