@@ -80,12 +80,15 @@ class Config:
     gdn_v_dim: int = 0
     gdn_conv: int = 0
     # Kimi Delta Attention layers (layer_kinds "kda"): heads of kda_dim (keys and values alike), the conv's taps, the
-    # ranks of the low-rank forget gate (f_a, f_b) and output gate (g_a, g_b)
+    # ranks of the low-rank forget gate (f_a, f_b) and output gate (g_a, g_b; 0: one full projection, as Kimi K3's)
     kda_heads: int = 0
     kda_dim: int = 0
     kda_conv: int = 0
     kda_gate_rank: int = 0
     kda_out_rank: int = 0
+    # Kimi K3's forget gate: g = -bound * sigmoid(exp(A_log) * (f + dt_bias)), in (-bound, 0); 0 = Kimi Linear's
+    # g = -exp(A_log) * softplus(f + dt_bias)
+    kda_gate_bound: float = 0.0
     # Multi-head latent attention layers (layer_kinds "mla"): n_heads heads; q from one projection (mla_q_rank 0) or
     # a normed low-rank pair; a latent of mla_kv_rank (normed) expanded to each head's nope key and value, and a
     # shared mla_rope_dim key part (Kimi: never rotated). Keys are nope + rope wide, values mla_v_dim.
@@ -96,6 +99,7 @@ class Config:
     mla_v_dim: int = 0
     mla_norm_eps: float = 1e-6  # the latent norms' eps: DeepSeek's and Kimi's code build them with the default 1e-6
     mla_rope: bool = False  # DeepSeek-V3: q's and k_pe's rope dims rotated (rope_style, rope_theta); Kimi: NoPE
+    mla_out_gate: bool = False  # Kimi K3: the heads' output times sigmoid(x Wg) before Wo
 
     def __post_init__(self) -> None:
         if self.family not in ("dense", "moe"):
@@ -126,8 +130,9 @@ class Config:
                     raise ValueError(f"gdn layers need gdn_k_heads, gdn_v_heads (a multiple of it), gdn_k_dim, "
                                      f"gdn_v_dim >= 1 and gdn_conv >= 2, got {dims}")
             if "kda" in self.layer_kinds and min(self.kda_heads, self.kda_dim, self.kda_gate_rank,
-                                                 self.kda_out_rank, self.kda_conv - 1) < 1:
-                raise ValueError("kda layers need kda_heads, kda_dim, kda_gate_rank, kda_out_rank >= 1, kda_conv >= 2")
+                                                 self.kda_out_rank + 1, self.kda_conv - 1) < 1:
+                raise ValueError("kda layers need kda_heads, kda_dim, kda_gate_rank >= 1, kda_out_rank >= 0, "
+                                 "kda_conv >= 2")
             if "mla" in self.layer_kinds and min(self.mla_kv_rank, self.mla_nope_dim, self.mla_v_dim) < 1:
                 raise ValueError("mla layers need mla_kv_rank, mla_nope_dim and mla_v_dim >= 1")
         if self.rotary_dim and (self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim):

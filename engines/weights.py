@@ -21,9 +21,11 @@ Layout (float32 numpy, matrices stored (in, out) so activations multiply on the 
     kda_q, kda_k, kda_v [Lk, D, H*d]   kda_conv [Lk, 3*H*d, taps]   kda_fa [Lk, D, rf]   kda_fb [Lk, rf, H*d]
     kda_dt_bias [Lk, H*d]   kda_A_log [Lk, H]   kda_b [Lk, D, H]   kda_ga [Lk, D, rg]   kda_gb [Lk, rg, H*d]
     kda_norm [Lk, d]   kda_out [Lk, H*d, D]                                                Kimi Delta Attention layers
+    kda_g [Lk, D, H*d] in place of kda_ga, kda_gb                                   (Config.kda_out_rank 0: K3)
     mla_q [Lx, D, H*(n+r)] (or mla_qa [Lx, D, rq], mla_q_norm [Lx, rq], mla_qb [Lx, rq, H*(n+r)])
     mla_kva [Lx, D, rk+r]
     mla_kv_norm [Lx, rk]   mla_kvb [Lx, rk, H*(n+v)]   mla_o [Lx, H*v, D]                  multi-head latent attention
+    mla_g [Lx, D, H*v]                                                                   (Config.mla_out_gate: K3)
     e_gate_b, e_up_b [Lm, E, Fm]   e_down_b [Lm, E, D]           (Config.expert_bias)
 
 Ld = Config.n_dense_layers (the first layers), Lm = Config.n_moe_layers (the rest); La = the attention layers
@@ -108,8 +110,11 @@ def expected_shapes(c: Config) -> dict[str, tuple[int, ...]]:
         Lk, H, d = len(c.kda_layers), c.kda_heads, c.kda_dim
         s.update(kda_q=(Lk, D, H * d), kda_k=(Lk, D, H * d), kda_v=(Lk, D, H * d), kda_conv=(Lk, 3 * H * d, c.kda_conv),
                  kda_fa=(Lk, D, c.kda_gate_rank), kda_fb=(Lk, c.kda_gate_rank, H * d), kda_dt_bias=(Lk, H * d),
-                 kda_A_log=(Lk, H), kda_b=(Lk, D, H), kda_ga=(Lk, D, c.kda_out_rank),
-                 kda_gb=(Lk, c.kda_out_rank, H * d), kda_norm=(Lk, d), kda_out=(Lk, H * d, D))
+                 kda_A_log=(Lk, H), kda_b=(Lk, D, H), kda_norm=(Lk, d), kda_out=(Lk, H * d, D))
+        if c.kda_out_rank:
+            s.update(kda_ga=(Lk, D, c.kda_out_rank), kda_gb=(Lk, c.kda_out_rank, H * d))
+        else:
+            s["kda_g"] = (Lk, D, H * d)
     if c.mla_layers:
         Lx, H, qk = len(c.mla_layers), c.n_heads, c.mla_nope_dim + c.mla_rope_dim
         if c.mla_q_rank:
@@ -118,6 +123,8 @@ def expected_shapes(c: Config) -> dict[str, tuple[int, ...]]:
             s["mla_q"] = (Lx, D, H * qk)
         s.update(mla_kva=(Lx, D, c.mla_kv_rank + c.mla_rope_dim), mla_kv_norm=(Lx, c.mla_kv_rank),
                  mla_kvb=(Lx, c.mla_kv_rank, H * (c.mla_nope_dim + c.mla_v_dim)), mla_o=(Lx, H * c.mla_v_dim, D))
+        if c.mla_out_gate:
+            s["mla_g"] = (Lx, D, H * c.mla_v_dim)
     if c.gdn_layers:
         Lg, qk, vv, Hv = len(c.gdn_layers), c.gdn_k_heads * c.gdn_k_dim, c.gdn_v_heads * c.gdn_v_dim, c.gdn_v_heads
         s.update(gdn_q=(Lg, D, qk), gdn_k=(Lg, D, qk), gdn_v=(Lg, D, vv), gdn_z=(Lg, D, vv), gdn_b=(Lg, D, Hv),
@@ -224,7 +231,8 @@ _REORDERED_AXES = {
     "wg": {1: "D"}, "gdn_q": {1: "D"}, "gdn_k": {1: "D"}, "gdn_v": {1: "D"}, "gdn_z": {1: "D"}, "gdn_b": {1: "D"},
     "gdn_a": {1: "D"}, "gdn_out": {2: "D"},
     "kda_q": {1: "D"}, "kda_k": {1: "D"}, "kda_v": {1: "D"}, "kda_fa": {1: "D"}, "kda_b": {1: "D"}, "kda_ga": {1: "D"},
-    "kda_out": {2: "D"}, "mla_q": {1: "D"}, "mla_qa": {1: "D"}, "mla_kva": {1: "D"}, "mla_o": {2: "D"},
+    "kda_out": {2: "D"}, "kda_g": {1: "D"}, "mla_g": {1: "D"}, "mla_q": {1: "D"}, "mla_qa": {1: "D"},
+    "mla_kva": {1: "D"}, "mla_o": {2: "D"},
 }
 _UNORDERED = ("q_norm", "k_norm", "bq", "bk", "bv", "sinks", "router_bias", "gdn_conv", "gdn_A_log", "gdn_dt_bias",
               "gdn_norm", "kda_conv", "kda_fb", "kda_dt_bias", "kda_A_log", "kda_gb", "kda_norm", "mla_q_norm",

@@ -5,9 +5,10 @@ Shapes: H heads of d (keys and values alike), C = 3*H*d conv channels (q, k, v, 
 The layer's state: conv [B, C, taps-1] (the last raw projections) and S [B, H, d, d] float32.
 
 Per token: q, k, v = x Wq, x Wk, x Wv through the causal conv and SiLU; q and k L2-normalised per head, q scaled by
-d^-1/2; beta = sigmoid(x Wb) per head; the log decay per head and channel g = -exp(A_log[h]) * softplus(x Wfa Wfb +
-dt_bias); the delta rule; the output RMSNorm(o) * w (one weight over d, shared by the heads) * sigmoid(x Wga Wgb),
-then Wout.
+d^-1/2; beta = sigmoid(x Wb) per head; the log decay per head and channel, from f = x Wfa Wfb + dt_bias:
+g = -exp(A_log[h]) * softplus(f) (Kimi Linear) or g = -bound * sigmoid(exp(A_log[h]) * f) (Kimi K3, bound 5); the
+delta rule; the output RMSNorm(o) * w (one weight over d, shared by the heads) * sigmoid(x Wga Wgb) (K3: one
+full projection, sigmoid(x Wg)), then Wout.
 """
 
 from __future__ import annotations
@@ -31,10 +32,16 @@ def kda_layer(h, p: dict, i: int, c: Config, conv, S, lengths, matmul, rms_norm,
     k = gdn.l2norm(k, f32)
     beta = jax.nn.sigmoid(matmul(h, p["kda_b"][i]))
     f = matmul(matmul(h, p["kda_fa"][i]), p["kda_fb"][i]) + p["kda_dt_bias"][i]
-    g = -jnp.exp(p["kda_A_log"][i].astype(f32))[:, None] * jax.nn.softplus(f.reshape(B, T, H, d))
+    rate = jnp.exp(p["kda_A_log"][i].astype(f32))[:, None]  # [H, 1]: one per head, over its channels
+    f = f.reshape(B, T, H, d)
+    if c.kda_gate_bound:  # Kimi K3: bounded below by -kda_gate_bound
+        g = -f32(c.kda_gate_bound) * jax.nn.sigmoid(rate * f)
+    else:
+        g = -rate * jax.nn.softplus(f)
     valid = jnp.arange(T)[None, :] < lengths[:, None]
     o, S = gdn.delta_rule(q, k, v, beta, g, S.astype(f32), valid)
-    gate = matmul(matmul(h, p["kda_ga"][i]), p["kda_gb"][i]).reshape(B, T, H, d)
+    gate = (matmul(matmul(h, p["kda_ga"][i]), p["kda_gb"][i]) if c.kda_out_rank else matmul(h, p["kda_g"][i]))
+    gate = gate.reshape(B, T, H, d)
     o = rms_norm(o, p["kda_norm"][i], c.rms_eps) * jax.nn.sigmoid(gate)
     return matmul(o.reshape(B, T, H * d), p["kda_out"][i]), conv, S
 

@@ -5,11 +5,12 @@ cache is an engine's optimisation to be measured against it.
 
 Per token: q = x Wq (or rms(x Wqa) Wqb) per head [nope + rope]; [c | k_pe] = x Wkva; c = rms(c) * w (with
 Config.mla_norm_eps, not rms_eps); per head [k_nope | v] = c Wkvb; k = [k_nope | k_pe]; softmax(q.k * (nope +
-rope)^-1/2) over the positions up to the query's; the heads' outputs through Wo.
+rope)^-1/2) over the positions up to the query's; the heads' outputs (K3: times sigmoid(x Wg)) through Wo.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from engines.config import Config
@@ -43,5 +44,7 @@ def mla_layer(h, p: dict, i: int, c: Config, positions, rows, kc, vc, kv_round, 
     kc = kc.at[rows, :, positions].set(k.astype(kc.dtype))
     vc = vc.at[rows, :, positions].set(v.astype(vc.dtype))
     out = attend(q, k, v, kc, vc, score_scale(c))
+    if c.mla_out_gate:  # Kimi K3
+        out = out * jax.nn.sigmoid(matmul(h, p["mla_g"][i]))
     return matmul(out, p["mla_o"][i]), kc, vc
 

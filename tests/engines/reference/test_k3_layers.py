@@ -1,0 +1,146 @@
+"""Kimi K3's own layer variants, which no library implements: KDA with its forget gate bounded at -5 and one full
+output-gate projection, and MLA with its sigmoid output gate. The oracle is a float64 numpy transcription of
+ARCHITECTURES.md sections 1.1 and 1.2, written here token by token apart from the reference's JAX code (which runs
+the sequence at once, through the shared conv and delta rule); bf() is the identity in float32."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from engines.config import Config
+from engines.reference import kda, mla, model
+from engines.weights import random_weights
+
+# The public kernels' own bounds for KDA against its transcription (ARCHITECTURES.md 1.1: output and state rtol 2e-5,
+# atol 2e-6). Measured here, float32 reference against float64 numpy, 9 tokens: KDA 2.3e-7 (outputs up to 0.65),
+# MLA 8.0e-8 (up to 0.44); the mutations below move them by 1.4e-2 (Kimi Linear's unbounded gate) and 1.9e-5 (the
+# latent norm's eps at rms_norm_eps).
+RTOL, ATOL = 2e-5, 2e-6
+
+K3_MINI = Config(name="k3-layers", family="dense", vocab_size=64, hidden=32, n_layers=2, n_heads=2, n_kv_heads=2,
+                 head_dim=12, ffn=32, rope_theta=1.0, rms_eps=1e-5, max_context=64, tie_embeddings=True,
+                 layer_kinds=("kda", "mla"), kda_heads=2, kda_dim=8, kda_conv=4, kda_gate_rank=8, kda_out_rank=0,
+                 kda_gate_bound=5.0, mla_q_rank=16, mla_kv_rank=16, mla_nope_dim=8, mla_rope_dim=4, mla_v_dim=8,
+                 mla_out_gate=True)
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def rms(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def np_kda(x, a, c):
+    """ARCHITECTURES.md 1.1, one token at a time: x [T, D] normed inputs; a: the layer's arrays (float64)."""
+    H, d = c.kda_heads, c.kda_dim
+    conv = np.zeros((c.kda_conv - 1, 3 * H * d))  # the 3 previous raw q|k|v projections
+    S = np.zeros((H, d, d))
+    outs = []
+    for xt in x:
+        f = (xt @ a["kda_fa"]) @ a["kda_fb"]
+        raw = np.concatenate([xt @ a["kda_q"], xt @ a["kda_k"], xt @ a["kda_v"]])
+        win = np.concatenate([conv, raw[None]])  # 4 taps, oldest first
+        qkv = np.array([sum(win[j, ch] * a["kda_conv"][ch, j] for j in range(c.kda_conv)) for ch in range(3 * H * d)])
+        qkv = qkv * sigmoid(qkv)  # silu
+        conv = win[1:]
+        q, k, v = (qkv[i * H * d:(i + 1) * H * d].reshape(H, d) for i in range(3))
+        q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6) * d ** -0.5
+        k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+        g_log = -c.kda_gate_bound * sigmoid(np.exp(a["kda_A_log"])[:, None] * (f + a["kda_dt_bias"]).reshape(H, d))
+        b = sigmoid(xt @ a["kda_b"])
+        o = np.zeros((H, d))
+        for h in range(H):
+            S[h] = np.diag(np.exp(g_log[h])) @ S[h]
+            S[h] = S[h] + np.outer(k[h], b[h] * (v[h] - k[h] @ S[h]))
+            o[h] = q[h] @ S[h]
+        o = rms(o, a["kda_norm"], c.rms_eps) * sigmoid((xt @ a["kda_g"]).reshape(H, d))
+        outs.append(o.reshape(-1) @ a["kda_out"])
+    return np.stack(outs)
+
+
+def np_mla(x, a, c):
+    """ARCHITECTURES.md 1.2 (K3: NoPE, k_pe raw, output gate), causal over the T tokens."""
+    H, n, r, dv = c.n_heads, c.mla_nope_dim, c.mla_rope_dim, c.mla_v_dim
+    q = (rms(x @ a["mla_qa"], a["mla_q_norm"], c.mla_norm_eps) @ a["mla_qb"]).reshape(len(x), H, n + r)
+    ckv = x @ a["mla_kva"]
+    lat, k_pe = rms(ckv[:, :c.mla_kv_rank], a["mla_kv_norm"], c.mla_norm_eps), ckv[:, c.mla_kv_rank:]
+    kv = (lat @ a["mla_kvb"]).reshape(len(x), H, n + dv)
+    outs = []
+    for t in range(len(x)):
+        o = np.zeros((H, dv))
+        for h in range(H):
+            keys = np.concatenate([kv[:t + 1, h, :n], k_pe[:t + 1]], axis=1)
+            s = keys @ q[t, h] * (n + r) ** -0.5
+            p = np.exp(s - s.max())
+            o[h] = (p / p.sum()) @ kv[:t + 1, h, n:]
+        o = o.reshape(-1) * sigmoid(x[t] @ a["mla_g"])
+        outs.append(o @ a["mla_o"])
+    return np.stack(outs)
+
+
+@pytest.fixture(scope="module")
+def k3():
+    w = random_weights(K3_MINI)
+    arrays = {k: np.asarray(v, np.float64) for k, v in w.arrays.items()}
+    params = {k: [jnp.asarray(x, jnp.float32) for x in v] if v.ndim > 1 and k not in ("embed", "final_norm")
+              else jnp.asarray(v, jnp.float32) for k, v in w.arrays.items()}
+    x = np.random.default_rng(3).standard_normal((9, K3_MINI.hidden)) * 0.5
+    return arrays, params, x
+
+
+@pytest.mark.parametrize("mutation", [None, {"kda_gate_bound": 0.0}], ids=["faithful", "kimi-linear-gate"])
+def test_k3_kda_layer_against_its_transcription(k3, mutation):
+    arrays, params, x = k3
+    c = dataclasses.replace(K3_MINI, **(mutation or {}))
+    conv, S = kda.empty_state(c, 1, jnp.float32)
+    out, _, _ = kda.kda_layer(jnp.asarray(x[None], jnp.float32), params, 0, c, conv, S, jnp.array([len(x)]),
+                              model.matmul, model.rms_norm, jnp.float32)
+    want = np_kda(x, {k: v[0] for k, v in arrays.items() if k.startswith("kda_")}, K3_MINI)
+    assert np.allclose(np.asarray(out[0]), want, rtol=RTOL, atol=ATOL) == (mutation is None)
+
+
+def test_k3_gate_is_bounded_and_differs_from_kimi_linears(k3):
+    """The bounded gate stays in (-5, 0) where Kimi Linear's softplus form is unbounded below: the two disagree."""
+    arrays, _, x = k3
+    a = {k: v[0] for k, v in arrays.items() if k.startswith("kda_")}
+    f = ((x @ a["kda_fa"]) @ a["kda_fb"] + a["kda_dt_bias"]).reshape(len(x), 2, 8)
+    rate = np.exp(a["kda_A_log"])[:, None]
+    bounded = -5.0 * sigmoid(rate * f)
+    assert ((bounded > -5.0) & (bounded < 0.0)).all()
+    assert np.abs(bounded - (-rate * np.log1p(np.exp(f)))).max() > 0.1
+
+
+@pytest.mark.parametrize("mutation", [None, {"mla_norm_eps": 1e-5}], ids=["faithful", "latent-eps"])
+def test_k3_mla_layer_against_its_transcription(k3, mutation):
+    arrays, params, x = k3
+    c = dataclasses.replace(K3_MINI, **(mutation or {}))
+    T = len(x)
+    kc, vc = model.empty_cache(c, 1, T)
+    pos = jnp.arange(T)[None]
+
+    def attend(q, k, v, kc_, vc_, scale):
+        return model.causal_attention(q, k, v, pos, scale=scale)
+
+    out, _, _ = mla.mla_layer(jnp.asarray(x[None], jnp.float32), params, 0, c, pos, jnp.arange(1)[:, None], kc[1],
+                              vc[1], lambda z: z, attend, model.matmul, model.rms_norm)
+    want = np_mla(x, {k: v[0] for k, v in arrays.items() if k.startswith("mla_")}, K3_MINI)
+    assert np.allclose(np.asarray(out[0]), want, rtol=RTOL, atol=ATOL) == (mutation is None)
+
+
+def test_k3_variants_run_through_the_engine():
+    """The whole two-layer model decodes through the reference's engine paths (prefill, decode, batch of unequal
+    prompts) the same as its one forward pass over each sequence."""
+    from engines.reference import ReferenceEngine
+
+    e = ReferenceEngine(random_weights(K3_MINI))
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 8, 7]]
+    gens = e.generate(prompts, 6, top_k=3)
+    for p, g in zip(prompts, gens):
+        full = e.score([p + g.token_ids])[0].logits[len(p) - 1:-1]
+        assert list(np.argmax(full, -1)) == g.token_ids
