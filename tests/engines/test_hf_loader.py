@@ -111,8 +111,12 @@ def test_unsupported_architecture_and_mla(tmp_path):
     (d / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ModelError, match="unsupported architecture 'gpt2'"):
         load_hf(d)
-    (d / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "kv_lora_rank": 512}))
-    with pytest.raises(ModelError, match="multi-head latent attention"):
+    from evalsuite.models import minis_dir
+
+    cfg = json.loads((minis_dir() / "mini-deepseek-mla" / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}  # the real checkpoints' RoPE
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match="DeepSeek-V3's MLA with a scaled RoPE \\(yarn\\) is not supported"):
         load_hf(d)
 
 

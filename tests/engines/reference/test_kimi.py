@@ -69,7 +69,7 @@ def test_the_oracle_catches_kdas_gate_collapsed_to_one_per_head(kimi, monkeypatc
     rule = gdn.delta_rule
     monkeypatch.setattr(gdn, "delta_rule", lambda q, k, v, b, g, S, ok: rule(q, k, v, b, g.mean(-1) if g.ndim == 4
                                                                              else g, S, ok))
-    same, f32, f64 = oracle_rungs(kimi, oracle=ORACLE)
+    same, f32, f64 = oracle_rungs(kimi, runs=1, oracle=ORACLE)
     print(f"KDA gate per head: tokens {'same' if same else 'differ'}, float32 {f32:.1e}, float64 {f64:.1e}")
     assert _caught(same, f32, f64)
 
@@ -77,7 +77,7 @@ def test_the_oracle_catches_kdas_gate_collapsed_to_one_per_head(kimi, monkeypatc
 def test_the_oracle_catches_the_router_bias_in_the_weights(kimi, monkeypatch, fresh_programs):  # noqa: F811
     scores = model.router_scores
     monkeypatch.setattr(model, "router_scores", lambda x, r, b, c: (scores(x, r, b, c)[1],) * 2)
-    same, f32, f64 = oracle_rungs(kimi, oracle=ORACLE)
+    same, f32, f64 = oracle_rungs(kimi, runs=1, oracle=ORACLE)
     print(f"router bias in the weights: tokens {'same' if same else 'differ'}, float32 {f32:.1e}, float64 {f64:.1e}")
     assert _caught(same, f32, f64)
 
@@ -86,14 +86,14 @@ def test_the_oracle_catches_the_latent_norm_eps(kimi, fresh_programs):  # noqa: 
     """The mistake the float64 rung found in this reference: transformers' latent norms use the RMSNorm default 1e-6,
     not the model's rms_norm_eps (1e-5). Float32 cannot see it (Δlogprob ~1e-5, under its bound)."""
     c = dataclasses.replace(kimi.config, mla_norm_eps=kimi.config.rms_eps)
-    same, f32, f64 = oracle_rungs(Weights(c, kimi.arrays, kimi.sha256, kimi.source), oracle=ORACLE)
+    same, f32, f64 = oracle_rungs(Weights(c, kimi.arrays, kimi.sha256, kimi.source), runs=1, oracle=ORACLE)
     print(f"latent norm eps 1e-5: tokens {'same' if same else 'differ'}, float32 {f32:.1e}, float64 {f64:.1e}")
     assert _caught(same, f32, f64)
 
 
 def test_the_oracle_catches_the_padded_score_scale(kimi, monkeypatch, fresh_programs):  # noqa: F811
     monkeypatch.setattr(mla, "score_scale", lambda c: (c.mla_nope_dim + c.mla_rope_dim + 8) ** -0.5)
-    same, f32, f64 = oracle_rungs(kimi, oracle=ORACLE)
+    same, f32, f64 = oracle_rungs(kimi, runs=1, oracle=ORACLE)
     print(f"padded score scale: tokens {'same' if same else 'differ'}, float32 {f32:.1e}, float64 {f64:.1e}")
     assert _caught(same, f32, f64)
 
@@ -156,6 +156,6 @@ def test_the_oracle_catches_deepseeks_key_left_unrotated(fresh_programs):  # noq
     oracle = json.loads((Path(__file__).parents[1] / "oracle" / "mini-deepseek-mla.json").read_text())
     w = load_hf(minis_dir() / "mini-deepseek-mla", "mini-deepseek-mla")
     c = dataclasses.replace(w.config, mla_rope=False)
-    same, f32, f64 = oracle_rungs(Weights(c, w.arrays, w.sha256, w.source), oracle=oracle)
+    same, f32, f64 = oracle_rungs(Weights(c, w.arrays, w.sha256, w.source), runs=1, oracle=oracle)
     print(f"DeepSeek MLA as NoPE: tokens {'same' if same else 'differ'}, float32 {f32:.1e}, float64 {f64:.1e}")
     assert not same or f32 > float32_bound(oracle) or f64 > ORACLE_F64_TOL
