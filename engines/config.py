@@ -12,8 +12,10 @@ from dataclasses import dataclass
 ROPE_STYLES = ("interleaved", "half")  # (2i, 2i+1) pairs as llama.cpp stores Q/K; or rotate_half (HF)
 ROUTERS = ("softmax", "sigmoid")  # softmax top-k (Mixtral/Qwen-MoE/gpt-oss); biased sigmoid (DeepSeek-V3/Kimi)
 NORM_STYLES = ("plain", "gemma")  # RMSNorm scale w (Llama) or 1 + w (Gemma: weights stored as offsets)
-MLP_ACTS = ("silu", "gelu_tanh")  # SwiGLU (Llama/Qwen) or GeGLU with tanh-approximated GELU (Gemma)
-EXPERT_ACTS = ("swiglu", "gptoss")  # gpt-oss: clamped gate * sigmoid(alpha * gate) * (up + 1)
+# SwiGLU (Llama/Qwen), GeGLU with tanh-approximated GELU (Gemma), or Kimi K3's "situ":
+# 4 tanh(g / 4) * sigmoid(g) * 25 tanh(u / 25)
+MLP_ACTS = ("silu", "gelu_tanh", "situ")
+EXPERT_ACTS = ("swiglu", "gptoss", "situ")  # gpt-oss: clamped gate * sigmoid(alpha * gate) * (up + 1)
 # gdn: Gated DeltaNet (Qwen3-Next / Qwen3.8) and kda: Kimi Delta Attention (Kimi Linear / K3), recurrent layers;
 # mla: multi-head latent attention (Kimi's: NoPE, its shared k_pe never rotated)
 LAYER_KINDS = ("full", "sliding", "gdn", "kda", "mla")
@@ -49,6 +51,9 @@ class Config:
     router: str = "softmax"
     norm_topk: bool = True  # renormalise the selected experts' weights to sum to 1
     routed_scale: float = 1.0  # multiplier on the routed experts' weights (DeepSeek-V3: 2.5)
+    # Kimi K3's latent MoE: the routed experts work in a latent of this width (x Wld), their weighted sum is normed
+    # over it (its true width) and brought back up (Wlu); the router and the shared expert read x itself. 0 = off.
+    moe_latent: int = 0
     # ---- the wider families (Qwen2, Gemma 2/3, gpt-oss). Every default is the Llama behaviour. ----
     attn_bias: bool = False  # q/k/v projections carry biases (Qwen2, gpt-oss)
     o_bias: bool = False  # the output projection carries a bias (gpt-oss)
@@ -216,7 +221,8 @@ class Config:
                       head_dim=2, ffn=1, rope_theta=1.0, rms_eps=1.0, max_context=1, tie_embeddings=False)
         wide = ("attn_bias", "o_bias", "layer_kinds", "sliding_window", "rope_theta_local", "rope_scaling",
                 "norm_style", "post_norms", "mlp_act", "embed_scale", "query_scale", "attn_softcap",
-                "final_softcap", "attn_sinks", "expert_act", "expert_bias", "attn_out_gate", "rotary_dim")
+                "final_softcap", "attn_sinks", "expert_act", "expert_bias", "attn_out_gate", "rotary_dim",
+                "moe_latent")
         mine, theirs = self.to_dict(), base.to_dict()
         out = [f for f in wide if mine[f] != theirs[f] and not (f == "layer_kinds" and set(mine[f]) == {"full"})]
         kinds = sorted(set(self.layer_kinds) - {"full"})

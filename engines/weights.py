@@ -12,6 +12,8 @@ Layout (float32 numpy, matrices stored (in, out) so activations multiply on the 
     router [Lm, D, E]   router_bias [Lm, E]                      MoE layers
     e_gate, e_up [Lm, E, D, Fm]   e_down [Lm, E, Fm, D]
     s_gate, s_up [Lm, D, Fs]      s_down [Lm, Fs, D]             (n_shared_experts > 0)
+    latent_down [Lm, D, De]   latent_norm [Lm, De]   latent_up [Lm, De, D]   (Config.moe_latent = De: the experts'
+                                                                  e_gate, e_up [Lm, E, De, Fm], e_down [.., Fm, De])
     bq [La, H*hd]   bk, bv [La, K*hd]                            (Config.attn_bias)
     bo [La, D]                                                   (Config.o_bias)
     post_attn_norm, post_mlp_norm [L, D]                         (Config.post_norms; mlp_norm is the pre-MLP one)
@@ -134,9 +136,11 @@ def expected_shapes(c: Config) -> dict[str, tuple[int, ...]]:
     if Ld:
         s.update(gate=(Ld, D, c.ffn), up=(Ld, D, c.ffn), down=(Ld, c.ffn, D))
     if Lm:
-        E, Fm = c.n_experts, c.moe_ffn
+        E, Fm, De = c.n_experts, c.moe_ffn, c.moe_latent or D  # De: the experts' input and output width
         s.update(router=(Lm, D, E), router_bias=(Lm, E),
-                 e_gate=(Lm, E, D, Fm), e_up=(Lm, E, D, Fm), e_down=(Lm, E, Fm, D))
+                 e_gate=(Lm, E, De, Fm), e_up=(Lm, E, De, Fm), e_down=(Lm, E, Fm, De))
+        if c.moe_latent:
+            s.update(latent_down=(Lm, D, De), latent_norm=(Lm, De), latent_up=(Lm, De, D))
         if c.expert_bias:
             s.update(e_gate_b=(Lm, E, Fm), e_up_b=(Lm, E, Fm), e_down_b=(Lm, E, D))
         if c.n_shared_experts:
@@ -234,6 +238,8 @@ _REORDERED_AXES = {
     "kda_out": {2: "D"}, "kda_g": {1: "D"}, "mla_g": {1: "D"}, "mla_q": {1: "D"}, "mla_qa": {1: "D"},
     "mla_kva": {1: "D"}, "mla_o": {2: "D"},
 }
+_LATENT_AXES = {"e_gate": {2: "De"}, "e_up": {2: "De"}, "e_down": {3: "De"}, "latent_down": {1: "D", 2: "De"},
+                "latent_norm": {1: "De"}, "latent_up": {1: "De", 2: "D"}}
 _UNORDERED = ("q_norm", "k_norm", "bq", "bk", "bv", "sinks", "router_bias", "gdn_conv", "gdn_A_log", "gdn_dt_bias",
               "gdn_norm", "kda_conv", "kda_fb", "kda_dt_bias", "kda_A_log", "kda_gb", "kda_norm", "mla_q_norm",
               "mla_qb",
@@ -252,15 +258,18 @@ def permuted(w: Weights, seed: int) -> Weights:
     in another order, as another correct kernel's tiling would. The bf16 conditioning witness runs the reference's
     recipe on it (evalsuite/compare/witness.py). Provenance stays w's, with the seed in `source`."""
     c = w.config
-    sizes = {"D": c.hidden, "F": c.ffn, "Fm": c.moe_ffn, "Fs": c.n_shared_experts * c.moe_ffn}
+    sizes = {"D": c.hidden, "F": c.ffn, "Fm": c.moe_ffn, "Fs": c.n_shared_experts * c.moe_ffn, "De": c.moe_latent}
     rng = np.random.default_rng(seed)
     perm = {k: rng.permutation(n) for k, n in sizes.items()}  # drawn in this fixed order
     arrays = {}
     for name in expected_shapes(c):
-        if name not in _REORDERED_AXES and name not in _UNORDERED:
+        if name not in _REORDERED_AXES and name not in _UNORDERED and name not in _LATENT_AXES:
             raise ModelError(f"permuted(): no reordering is defined for {c.name}'s array {name!r}")
         a = np.asarray(w.arrays[name], np.float32)
-        for axis, dim in _REORDERED_AXES.get(name, {}).items():
+        axes = _REORDERED_AXES.get(name, {})
+        if c.moe_latent:  # the experts work in the latent, not the hidden size
+            axes = {**axes, **_LATENT_AXES.get(name, {})}
+        for axis, dim in axes.items():
             a = np.take(a, perm[dim], axis=axis)
         arrays[name] = a
     return Weights(c, arrays, sha256=w.sha256, source=f"{w.source} (dimensions permuted, seed {seed})")

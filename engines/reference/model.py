@@ -163,11 +163,19 @@ def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=f32)
 
 
+def situ(g: jax.Array, u: jax.Array) -> jax.Array:
+    """Kimi K3's gated activation: 4 tanh(g / 4) * sigmoid(g) * 25 tanh(u / 25) (the sigmoid takes the raw g)."""
+    return f32(4.0) * jnp.tanh(g / f32(4.0)) * jax.nn.sigmoid(g) * f32(25.0) * jnp.tanh(u / f32(25.0))
+
+
 def swiglu(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array, act: str = "silu") -> jax.Array:
-    """down(act(x @ gate) * (x @ up)); act "silu" (SwiGLU) or "gelu_tanh" (GeGLU, tanh-approximated GELU)."""
-    g = matmul(x, gate)
+    """down(act(x @ gate) * (x @ up)); act "silu" (SwiGLU), "gelu_tanh" (GeGLU, tanh-approximated GELU) or
+    "situ" (down(situ(x @ gate, x @ up)))."""
+    g, u = matmul(x, gate), matmul(x, up)
+    if act == "situ":
+        return matmul(situ(g, u), down)
     g = jax.nn.silu(g) if act == "silu" else jax.nn.gelu(g, approximate=True)
-    return matmul(g * matmul(x, up), down)
+    return matmul(g * u, down)
 
 
 def gptoss_glu(gate: jax.Array, up: jax.Array, alpha: float, limit: float) -> jax.Array:
@@ -218,23 +226,31 @@ def route(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -> jax.Ar
 
 def moe(x: jax.Array, p: dict, m: int, c: Config) -> jax.Array:
     """Routed experts (every expert evaluated, weighted by route's sparse weights) + shared expert.
-    expert_act "gptoss": biased projections and gptoss_glu."""
+    expert_act "gptoss": biased projections and gptoss_glu; "situ" (K3): situ for the experts and the shared expert.
+    moe_latent (K3): the experts read x Wld and their weighted sum is normed and brought up by Wlu."""
     gates = route(x, p["router"][m], p["router_bias"][m], c)  # [B, T, E]
     # Operands widened to float32 after rounding to the weight dtype: exactly the products of bf16
     # inputs with f32 accumulation (XLA on CPU has no bf16 x bf16 -> f32 batched contraction).
     wd = p["e_gate"][m].dtype
-    x32 = rounded(x, wd)
+    xe = matmul(x, p["latent_down"][m]) if c.moe_latent else x  # K3: the experts work in the latent
+    x32 = rounded(xe, wd)
     g = jnp.einsum("btd,edf->btef", x32, p["e_gate"][m].astype(f32))
     u = jnp.einsum("btd,edf->btef", x32, p["e_up"][m].astype(f32))
     if c.expert_bias:
         g, u = g + p["e_gate_b"][m].astype(f32), u + p["e_up_b"][m].astype(f32)
-    h = gptoss_glu(g, u, c.swiglu_alpha, c.swiglu_limit) if c.expert_act == "gptoss" else jax.nn.silu(g) * u
+    if c.expert_act == "gptoss":
+        h = gptoss_glu(g, u, c.swiglu_alpha, c.swiglu_limit)
+    else:
+        h = situ(g, u) if c.expert_act == "situ" else jax.nn.silu(g) * u
     y = jnp.einsum("btef,efd->bted", rounded(h, wd), p["e_down"][m].astype(f32))
     if c.expert_bias:
         y = y + p["e_down_b"][m].astype(f32)
     out = jnp.einsum("bte,bted->btd", gates, y)
+    if c.moe_latent:  # normed over the latent's true width, then back up to the hidden size
+        out = matmul(rms_norm(out, p["latent_norm"][m], c.rms_eps), p["latent_up"][m])
     if c.n_shared_experts:
-        out = out + swiglu(x, p["s_gate"][m], p["s_up"][m], p["s_down"][m])
+        act = "situ" if c.expert_act == "situ" else "silu"
+        out = out + swiglu(x, p["s_gate"][m], p["s_up"][m], p["s_down"][m], act)
     return out
 
 

@@ -17,8 +17,9 @@ from engines.weights import random_weights
 
 # The public kernels' own bounds for KDA against its transcription (ARCHITECTURES.md 1.1: output and state rtol 2e-5,
 # atol 2e-6). Measured here, float32 reference against float64 numpy, 9 tokens: KDA 2.3e-7 (outputs up to 0.65),
-# MLA 8.0e-8 (up to 0.44); the mutations below move them by 1.4e-2 (Kimi Linear's unbounded gate) and 1.9e-5 (the
-# latent norm's eps at rms_norm_eps).
+# MLA 8.0e-8 (up to 0.44), the latent MoE 7.1e-7 (up to 2.7); the mutations below move them by 1.4e-2 (Kimi
+# Linear's unbounded gate), 1.9e-5 (the latent norm's eps at rms_norm_eps) and 0.30 (the MoE latent normed over a
+# padded width).
 RTOL, ATOL = 2e-5, 2e-6
 
 K3_MINI = Config(name="k3-layers", family="dense", vocab_size=64, hidden=32, n_layers=2, n_heads=2, n_kv_heads=2,
@@ -144,3 +145,61 @@ def test_k3_variants_run_through_the_engine():
     for p, g in zip(prompts, gens):
         full = e.score([p + g.token_ids])[0].logits[len(p) - 1:-1]
         assert list(np.argmax(full, -1)) == g.token_ids
+
+
+K3_MOE = Config(name="k3-moe", family="moe", vocab_size=64, hidden=32, n_layers=2, n_heads=2, n_kv_heads=2,
+                head_dim=8, ffn=48, rope_theta=1e4, rms_eps=1e-5, max_context=64, tie_embeddings=True, n_experts=8,
+                top_k=3, moe_ffn=12, n_shared_experts=1, first_dense=1, router="sigmoid", norm_topk=True,
+                routed_scale=1.0, mlp_act="situ", expert_act="situ", moe_latent=16)
+
+
+def np_situ(g, u):
+    return 4 * np.tanh(g / 4) * sigmoid(g) * 25 * np.tanh(u / 25)
+
+
+def np_latent_moe(x, a, c, width=None):
+    """ARCHITECTURES.md 1.3 token by token: the router on x (bias selects only), the experts in the latent, their sum
+    normed over the latent's width (`width`: a mutation's padded one), brought up, plus the shared situ MLP on x."""
+    out = []
+    for xt in x:
+        s = sigmoid(xt @ a["router"])
+        chosen = sorted(np.argsort(-(s + a["router_bias"]), kind="stable")[:c.top_k])
+        wts = s[chosen] / s[chosen].sum()
+        z = xt @ a["latent_down"]
+        r = sum(w * (np_situ(z @ a["e_gate"][e], z @ a["e_up"][e]) @ a["e_down"][e]) for w, e in zip(wts, chosen))
+        r = r / np.sqrt((r * r).sum() / (width or len(r)) + c.rms_eps) * a["latent_norm"]
+        shared = np_situ(xt @ a["s_gate"], xt @ a["s_up"]) @ a["s_down"]
+        out.append(r @ a["latent_up"] + shared)
+    return np.stack(out)
+
+
+def test_situ_hand_worked():
+    g, u = jnp.asarray([0.0, 2.0, -8.0]), jnp.asarray([1.0, 50.0, 3.0])
+    want = [0.0, 4 * np.tanh(0.5) * sigmoid(2.0) * 25 * np.tanh(2.0),
+            4 * np.tanh(-2.0) * sigmoid(-8.0) * 25 * np.tanh(0.12)]
+    np.testing.assert_allclose(np.asarray(model.situ(g, u)), want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("width", [None, 20], ids=["faithful", "norm-over-padded-width"])
+def test_k3_latent_moe_against_its_transcription(width):
+    """The transcription with the latent normed over a padded width (20 for 16, as 4096 for 3584) must disagree."""
+    w = random_weights(K3_MOE)
+    a = {k: np.asarray(v[0], np.float64) for k, v in w.arrays.items() if v.ndim > 1 and k not in ("embed",)}
+    params = {k: [jnp.asarray(x, jnp.float32) for x in v] for k, v in w.arrays.items() if v.ndim > 1 and k != "embed"}
+    x = np.random.default_rng(4).standard_normal((6, K3_MOE.hidden))
+    got = np.asarray(model.moe(jnp.asarray(x[None], jnp.float32), params, 0, K3_MOE)[0])
+    want = np_latent_moe(x, a, K3_MOE, width)
+    assert np.allclose(got, want, rtol=RTOL, atol=ATOL) == (width is None), np.abs(got - want).max()
+
+
+def test_the_latent_moe_model_permutes_for_the_bf16_witness():
+    """engines.weights.permuted reorders the latent as its own dimension: the same model in another summation order
+    (the bf16 conditioning witness runs it), so its float32 logits agree."""
+    from engines.reference import ReferenceEngine
+    from engines.weights import permuted
+
+    w = random_weights(K3_MOE)
+    seq = [[3, 1, 4, 1, 5, 9, 2, 6]]
+    a = ReferenceEngine(w).score(seq)[0].logits
+    b = ReferenceEngine(permuted(w, 7)).score(seq)[0].logits
+    assert np.abs(a - b).max() < 1e-3 * np.abs(a).max()
