@@ -54,6 +54,9 @@ class Config:
     # Kimi K3's latent MoE: the routed experts work in a latent of this width (x Wld), their weighted sum is normed
     # over it (its true width) and brought back up (Wlu); the router and the shared expert read x itself. 0 = off.
     moe_latent: int = 0
+    # Kimi K3's attention residuals (engines.reference.residual): the stream is a depth mixture over blocks of this
+    # many layers (K3: 12). 0 = the plain residual sum.
+    attn_res_block: int = 0
     # ---- the wider families (Qwen2, Gemma 2/3, gpt-oss). Every default is the Llama behaviour. ----
     attn_bias: bool = False  # q/k/v projections carry biases (Qwen2, gpt-oss)
     o_bias: bool = False  # the output projection carries a bias (gpt-oss)
@@ -222,7 +225,7 @@ class Config:
         wide = ("attn_bias", "o_bias", "layer_kinds", "sliding_window", "rope_theta_local", "rope_scaling",
                 "norm_style", "post_norms", "mlp_act", "embed_scale", "query_scale", "attn_softcap",
                 "final_softcap", "attn_sinks", "expert_act", "expert_bias", "attn_out_gate", "rotary_dim",
-                "moe_latent")
+                "moe_latent", "attn_res_block")
         mine, theirs = self.to_dict(), base.to_dict()
         out = [f for f in wide if mine[f] != theirs[f] and not (f == "layer_kinds" and set(mine[f]) == {"full"})]
         kinds = sorted(set(self.layer_kinds) - {"full"})
@@ -241,4 +244,17 @@ MINI_MOE = Config(
     tie_embeddings=True, rope_style="half", qk_norm=False,
     n_experts=8, top_k=2, moe_ffn=32, n_shared_experts=1, first_dense=1,
     router="sigmoid", norm_topk=True, routed_scale=2.5,
+)
+
+# Kimi K3's layer stack in miniature (ARCHITECTURES.md section 6, row 7): KDA layers with K3's bounded forget gate and
+# full output gate, NoPE MLA with its output gate at i % 4 == 3 (and the last layer), layer 0 dense and the rest K3's
+# latent MoE with the situ activation, attention residuals over blocks of 2 layers (4 blocks).
+MINI_KIMI = Config(
+    name="mini-kimi", family="moe", vocab_size=320, hidden=64, n_layers=8, n_heads=4, n_kv_heads=4, head_dim=24,
+    ffn=128, rope_theta=10000.0, rms_eps=1e-5, max_context=2048, tie_embeddings=False,
+    layer_kinds=("kda", "kda", "kda", "mla", "kda", "kda", "kda", "mla"), kda_heads=4, kda_dim=16, kda_conv=4,
+    kda_gate_rank=16, kda_out_rank=0, kda_gate_bound=5.0, mla_q_rank=32, mla_kv_rank=32, mla_nope_dim=16,
+    mla_rope_dim=8, mla_v_dim=16, mla_out_gate=True, n_experts=16, top_k=4, moe_ffn=32, n_shared_experts=2,
+    first_dense=1, router="sigmoid", norm_topk=True, routed_scale=1.0, mlp_act="situ", expert_act="situ",
+    moe_latent=32, attn_res_block=2,
 )

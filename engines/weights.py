@@ -12,6 +12,7 @@ Layout (float32 numpy, matrices stored (in, out) so activations multiply on the 
     router [Lm, D, E]   router_bias [Lm, E]                      MoE layers
     e_gate, e_up [Lm, E, D, Fm]   e_down [Lm, E, Fm, D]
     s_gate, s_up [Lm, D, Fs]      s_down [Lm, Fs, D]             (n_shared_experts > 0)
+    res_attn, res_mlp [L, D]   res_out [D]          (Config.attn_res_block: the depth mixtures' vectors, K3)
     latent_down [Lm, D, De]   latent_norm [Lm, De]   latent_up [Lm, De, D]   (Config.moe_latent = De: the experts'
                                                                   e_gate, e_up [Lm, E, De, Fm], e_down [.., Fm, De])
     bq [La, H*hd]   bk, bv [La, K*hd]                            (Config.attn_bias)
@@ -43,7 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engines.config import MINI_LLAMA, MINI_MOE, Config
+from engines.config import MINI_KIMI, MINI_LLAMA, MINI_MOE, Config
 from engines.errors import ModelError
 from engines.lazy import LazyArrays
 
@@ -106,6 +107,8 @@ def expected_shapes(c: Config) -> dict[str, tuple[int, ...]]:
         s["bo"] = (La, D)
     if c.post_norms:
         s.update(post_attn_norm=(L, D), post_mlp_norm=(L, D))
+    if c.attn_res_block:
+        s.update(res_attn=(L, D), res_mlp=(L, D), res_out=(D,))
     if c.attn_sinks:
         s["sinks"] = (La, c.n_heads)
     if c.kda_layers:
@@ -189,6 +192,8 @@ def random_weights(c: Config, seed: int = MINI_SEED) -> Weights:
             a = np.log(rng.uniform(1.0, 16.0, shape))
         elif name in ("gdn_dt_bias", "kda_dt_bias"):
             a = np.ones(shape) + 0.1 * rng.standard_normal(shape)
+        elif name.startswith("res_"):  # depth-mixture scores (v . w) / rms(v) of order 1
+            a = rng.standard_normal(shape) / np.sqrt(shape[-1])
         elif name in ("gdn_conv", "kda_conv"):  # depthwise taps: fan-in is the taps
             a = rng.standard_normal(shape) / np.sqrt(shape[-1])
         else:
@@ -206,6 +211,10 @@ def mini_llama(seed: int = MINI_SEED) -> Weights:
 
 def mini_moe(seed: int = MINI_SEED) -> Weights:
     return random_weights(MINI_MOE, seed)
+
+
+def mini_kimi(seed: int = MINI_SEED) -> Weights:
+    return random_weights(MINI_KIMI, seed)
 
 
 def interleaved_to_half(w: np.ndarray, n_heads: int, head_dim: int) -> np.ndarray:
@@ -236,7 +245,7 @@ _REORDERED_AXES = {
     "gdn_a": {1: "D"}, "gdn_out": {2: "D"},
     "kda_q": {1: "D"}, "kda_k": {1: "D"}, "kda_v": {1: "D"}, "kda_fa": {1: "D"}, "kda_b": {1: "D"}, "kda_ga": {1: "D"},
     "kda_out": {2: "D"}, "kda_g": {1: "D"}, "mla_g": {1: "D"}, "mla_q": {1: "D"}, "mla_qa": {1: "D"},
-    "mla_kva": {1: "D"}, "mla_o": {2: "D"},
+    "mla_kva": {1: "D"}, "mla_o": {2: "D"}, "res_attn": {1: "D"}, "res_mlp": {1: "D"}, "res_out": {0: "D"},
 }
 _LATENT_AXES = {"e_gate": {2: "De"}, "e_up": {2: "De"}, "e_down": {3: "De"}, "latent_down": {1: "D", 2: "De"},
                 "latent_norm": {1: "De"}, "latent_up": {1: "De", 2: "D"}}

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from engines.config import Config
-from engines.reference import gdn, kda, mla, rope
+from engines.reference import gdn, kda, mla, residual, rope
 
 f32 = jnp.float32  # the compute dtype: float64 only inside float64_math
 _EXACT = threading.Lock()
@@ -310,6 +310,26 @@ def _attention_layer(h, p: dict, i: int, c: Config, cos_sin, positions, rows, kc
     return out, kc, vc
 
 
+def _mixer(h, p: dict, c: Config, layer: int, kc, vc, ctx: dict):
+    """The layer's token mixer on its normed input h: (output [B, T, D], its K/V cache or recurrent state)."""
+    kind, positions, fresh = c.kind(layer), ctx["positions"], ctx["fresh"]
+    if kind in ("gdn", "kda"):
+        layer_fn, index = (gdn.gdn_layer, c.gdn_layers) if kind == "gdn" else (kda.kda_layer, c.kda_layers)
+        return layer_fn(h, p, index.index(layer), c, kc, vc, ctx["lengths"], matmul, rms_norm, f32)
+    if kind == "mla":
+        def attend(q, k, v, kc, vc, scale):
+            return (causal_attention(q, k, v, positions, scale=scale) if fresh
+                    else attention(q, kc, vc, positions, scale=scale))
+
+        def rotate(x):
+            return apply_rope(x, *ctx["mla_rope"], c.rope_style)
+
+        return mla.mla_layer(h, p, c.mla_layers.index(layer), c, positions, ctx["rows"], kc, vc,
+                             lambda x: recipe_round(x, ctx["kv_dt"]), attend, matmul, rms_norm, rotate)
+    return _attention_layer(h, p, c.attn_layers.index(layer), c, ctx["ropes"][kind], positions, ctx["rows"], kc, vc,
+                            ctx["kv_dt"], fresh)
+
+
 def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
             k_cache: jax.Array, v_cache: jax.Array, want_taps: bool = False,
             logit_index: jax.Array | None = None, fresh: bool = False, recipe=None, lengths=None):
@@ -335,35 +355,24 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
     x = p["embed"][tokens].astype(f32)  # [B, T, D], the float32 residual stream
     if c.embed_scale:
         x = x * f32(c.hidden ** 0.5)
-    ropes = {kind: rope_cos_sin(positions, c.rope_dim, *rope.inv_freq(c, kind))
-             for kind in {c.kind(i) for i in c.attn_layers}}
-    attn_of = {layer: i for i, layer in enumerate(c.attn_layers)}  # attention arrays are stacked over these
-    lengths = jnp.full((B,), T, jnp.int32) if lengths is None else lengths
-    mla_rope = rope_cos_sin(positions, c.mla_rope_dim, c.rope_theta) if c.mla_rope else None
-    rows = jnp.arange(B)[:, None]  # [B, 1], broadcast with positions for the cache scatter
+    ctx = dict(positions=positions, fresh=fresh, rows=jnp.arange(B)[:, None],  # rows: [B, 1] for the cache scatter
+               lengths=jnp.full((B,), T, jnp.int32) if lengths is None else lengths,
+               kv_dt=recipe.kv_cache if recipe is not None else "float32",
+               ropes={kind: rope_cos_sin(positions, c.rope_dim, *rope.inv_freq(c, kind))
+                      for kind in {c.kind(i) for i in c.attn_layers}},
+               mla_rope=rope_cos_sin(positions, c.mla_rope_dim, c.rope_theta) if c.mla_rope else None)
     eps, style = c.rms_eps, c.norm_style
-    kv_dt, res_dt = (recipe.kv_cache, recipe.residual) if recipe is not None else ("float32", "float32")
+    res_dt = recipe.residual if recipe is not None else "float32"
+    if c.attn_res_block:
+        stream = residual.AttnRes(x, p, c, lambda r: recipe_round(r, res_dt), f32)
+    else:
+        stream = residual.Plain(x, p, c, lambda out, w: rms_norm(out, w, eps, style), lambda r: recipe_round(r, res_dt))
     taps, routing = [], []
     for layer in range(c.n_layers):
-        h = rms_norm(x, p["attn_norm"][layer], eps, style)
-        if c.kind(layer) in ("gdn", "kda"):
-            layer_fn, index = (gdn.gdn_layer, c.gdn_layers) if c.kind(layer) == "gdn" else (kda.kda_layer, c.kda_layers)
-            out, k_cache[layer], v_cache[layer] = layer_fn(
-                h, p, index.index(layer), c, k_cache[layer], v_cache[layer], lengths, matmul, rms_norm, f32)
-        elif c.kind(layer) == "mla":
-            def attend(q, k, v, kc, vc, scale):
-                return (causal_attention(q, k, v, positions, scale=scale) if fresh
-                        else attention(q, kc, vc, positions, scale=scale))
-            out, k_cache[layer], v_cache[layer] = mla.mla_layer(
-                h, p, c.mla_layers.index(layer), c, positions, rows, k_cache[layer], v_cache[layer],
-                lambda x: recipe_round(x, kv_dt), attend, matmul, rms_norm,
-                lambda x: apply_rope(x, *mla_rope, c.rope_style))
-        else:
-            out, k_cache[layer], v_cache[layer] = _attention_layer(
-                h, p, attn_of[layer], c, ropes[c.kind(layer)], positions, rows, k_cache[layer], v_cache[layer],
-                kv_dt, fresh)
-        x = recipe_round(x + (rms_norm(out, p["post_attn_norm"][layer], eps, style) if c.post_norms else out), res_dt)
-        h = rms_norm(x, p["mlp_norm"][layer], eps, style)
+        h = rms_norm(stream.attn_input(layer), p["attn_norm"][layer], eps, style)
+        out, k_cache[layer], v_cache[layer] = _mixer(h, p, c, layer, k_cache[layer], v_cache[layer], ctx)
+        stream.add_attn(layer, out)
+        h = rms_norm(stream.mlp_input(layer), p["mlp_norm"][layer], eps, style)
         if layer < c.n_dense_layers:
             out = swiglu(h, p["gate"][layer], p["up"][layer], p["down"][layer], c.mlp_act)
         else:
@@ -371,9 +380,10 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
             out = moe(h, p, m, c)
             if want_taps:
                 routing.append(routing_margin(h, p["router"][m], p["router_bias"][m], c))
-        x = recipe_round(x + (rms_norm(out, p["post_mlp_norm"][layer], eps, style) if c.post_norms else out), res_dt)
+        stream.add_mlp(layer, out)
         if want_taps:
-            taps.append(x.astype(f32))
+            taps.append(stream.tap().astype(f32))
+    x = stream.final()
     if logit_index is not None:  # [B]: one position a row ([B, D]); [B, S]: S positions a row ([B, S, D])
         at = logit_index if logit_index.ndim == 2 else logit_index[:, None]
         x = jnp.take_along_axis(x, at[:, :, None], axis=1)

@@ -19,6 +19,7 @@ def gdir(tmp_path):
 
 @pytest.mark.parametrize("model", ["mini-llama", "mini-moe", "mini-qwen2", "mini-gemma2", "mini-gemma3",
                                    "mini-gptoss", "mini-qwen-hybrid", "mini-kimi-linear", "mini-deepseek-mla",
+                                   "mini-kimi",
                                    pytest.param("smollm2-135m", marks=pytest.mark.slow)])
 def test_committed_goldens_pass(model, request):
     """The CI diff-check: the reference reproduces golden/<model>.json (or, with --golden-update,
