@@ -100,6 +100,14 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=False)
+def oracle(session: nox.Session) -> None:
+    """Rebuild the minis and their transformers oracles (engines/minis, tests/engines/oracle) in .venv-hf: torch never
+    enters .venv. Arguments go to the script (e.g. -- --only mini-kimi-linear)."""
+    session.run("bash", "benchmarks/install_hf.sh", external=True)
+    session.run(".venv-hf/bin/python", "benchmarks/hf_oracle.py", *session.posargs, external=True)
+
+
+@nox.session(python=False)
 def bench_fewshot(session: nox.Session) -> None:
     """GSM8K 5-shot items/min vs lm-eval's hf backend (creates .venv and .venv-hf; see docs/benchmarks.md)."""
     session.run("bash", "install.sh", external=True)

@@ -10,7 +10,8 @@ from engines.hf_loader import load_hf
 from evalsuite.models import minis_dir
 
 
-@pytest.mark.parametrize("name", ["mini-qwen2", "mini-gemma3", "mini-gptoss"])
+@pytest.mark.parametrize("name", ["mini-qwen2", "mini-gemma3", "mini-gptoss", "mini-qwen-hybrid", "mini-kimi-linear",
+                                  "mini-deepseek-mla"])
 def test_lazy_equals_eager(name):
     eager, lazy = load_hf(minis_dir() / name, name), load_hf(minis_dir() / name, name, lazy=True)
     assert lazy.lazy and not eager.lazy
