@@ -48,3 +48,33 @@ def mla_layer(h, p: dict, i: int, c: Config, positions, rows, kc, vc, kv_round, 
         out = out * jax.nn.sigmoid(matmul(h, p["mla_g"][i]))
     return matmul(out, p["mla_o"][i]), kc, vc
 
+
+
+def mla_absorbed(h, p: dict, i: int, c: Config, positions, matmul, rms_norm, rotate=None):
+    """The same layer in the absorbed form, over this call's T tokens from position 0 (a fresh prefill): what an
+    engine caches is the normed latent and k_pe ([B, T, rank + rope], one per token, not per head), the key's
+    up-projection folded into the query (q_nope W_uk^T) and the value's applied after the softmax (W_uv). Equal to
+    mla_layer in exact arithmetic; its rounding differs (no expanded K/V is ever formed), which
+    tests/engines/reference/test_kimi.py measures. Returns [B, T, D]."""
+    B, T, _ = h.shape
+    H, n, r, dv, rk = c.n_heads, c.mla_nope_dim, c.mla_rope_dim, c.mla_v_dim, c.mla_kv_rank
+    if c.mla_q_rank:
+        q = matmul(rms_norm(matmul(h, p["mla_qa"][i]), p["mla_q_norm"][i], c.mla_norm_eps), p["mla_qb"][i])
+    else:
+        q = matmul(h, p["mla_q"][i])
+    q = q.reshape(B, T, H, n + r)
+    ckv = matmul(h, p["mla_kva"][i])
+    latent, k_pe = rms_norm(ckv[..., :rk], p["mla_kv_norm"][i], c.mla_norm_eps), ckv[..., rk:]
+    q_nope, q_pe = q[..., :n], q[..., n:]
+    if c.mla_rope:
+        q_pe, k_pe = rotate(q_pe), rotate(k_pe[:, :, None, :])[:, :, 0]
+    w = p["mla_kvb"][i].reshape(rk, H, n + dv)
+    q_lat = jnp.einsum("bthn,rhn->bthr", q_nope, w[..., :n].astype(q.dtype))  # the key's up-projection, absorbed
+    scores = (jnp.einsum("bthr,bsr->bhts", q_lat, latent) + jnp.einsum("bthp,bsp->bhts", q_pe, k_pe)) * score_scale(c)
+    visible = positions[:, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S]: s <= t
+    probs = jax.nn.softmax(jnp.where(visible, scores, -jnp.inf), axis=-1)
+    ctx = jnp.einsum("bhts,bsr->bthr", probs, latent)
+    out = jnp.einsum("bthr,rhv->bthv", ctx, w[..., n:].astype(q.dtype)).reshape(B, T, H * dv)
+    if c.mla_out_gate:
+        out = out * jax.nn.sigmoid(matmul(h, p["mla_g"][i]))
+    return matmul(out, p["mla_o"][i])
