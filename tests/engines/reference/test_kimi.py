@@ -65,6 +65,7 @@ def _caught(same: bool, f32: float, f64: float) -> bool:
     return not same or f32 > float32_bound(ORACLE) or f64 > ORACLE_F64_TOL
 
 
+@pytest.mark.heavy  # these three change greedy tokens or logprobs outright; the latent eps (float64 only) runs in CI
 def test_the_oracle_catches_kdas_gate_collapsed_to_one_per_head(kimi, monkeypatch, fresh_programs):  # noqa: F811
     rule = gdn.delta_rule
     monkeypatch.setattr(gdn, "delta_rule", lambda q, k, v, b, g, S, ok: rule(q, k, v, b, g.mean(-1) if g.ndim == 4
@@ -74,6 +75,7 @@ def test_the_oracle_catches_kdas_gate_collapsed_to_one_per_head(kimi, monkeypatc
     assert _caught(same, f32, f64)
 
 
+@pytest.mark.heavy
 def test_the_oracle_catches_the_router_bias_in_the_weights(kimi, monkeypatch, fresh_programs):  # noqa: F811
     scores = model.router_scores
     monkeypatch.setattr(model, "router_scores", lambda x, r, b, c: (scores(x, r, b, c)[1],) * 2)
@@ -91,6 +93,7 @@ def test_the_oracle_catches_the_latent_norm_eps(kimi, fresh_programs):  # noqa: 
     assert _caught(same, f32, f64)
 
 
+@pytest.mark.heavy
 def test_the_oracle_catches_the_padded_score_scale(kimi, monkeypatch, fresh_programs):  # noqa: F811
     monkeypatch.setattr(mla, "score_scale", lambda c: (c.mla_nope_dim + c.mla_rope_dim + 8) ** -0.5)
     same, f32, f64 = oracle_rungs(kimi, runs=1, oracle=ORACLE)

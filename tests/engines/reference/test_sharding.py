@@ -55,7 +55,8 @@ def run(*args):
 @pytest.mark.parametrize("name, mesh, tp, ep", [("mini-llama", "tp=2,dp=2", 2, 1), ("mini-moe", "tp=2,ep=2", 2, 2),
                                                 pytest.param("mini-qwen-hybrid", "tp=2,dp=2", 2, 1,
                                                              marks=pytest.mark.heavy),
-                                                ("mini-kimi-linear", "tp=2,ep=2", 2, 2),
+                                                pytest.param("mini-kimi-linear", "tp=2,ep=2", 2, 2,
+                                                             marks=pytest.mark.heavy),
                                                 pytest.param("smollm2-135m", "tp=3", 3, 1,
                                                              marks=pytest.mark.heavy)])
 def test_sharded_reference_equals_one_device(name, mesh, tp, ep):
