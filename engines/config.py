@@ -21,6 +21,7 @@ EXPERT_ACTS = ("swiglu", "gptoss", "situ")  # gpt-oss: clamped gate * sigmoid(al
 LAYER_KINDS = ("full", "sliding", "gdn", "kda", "mla")
 RECURRENT = ("gdn", "kda")
 ROPE_SCALINGS = ("linear", "llama3", "yarn")
+MOE_LATENT_STYLES = ("k3", "muse")
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,21 @@ class Config:
     mla_norm_eps: float = 1e-6  # the latent norms' eps: DeepSeek's and Kimi's code build them with the default 1e-6
     mla_rope: bool = False  # DeepSeek-V3: q's and k_pe's rope dims rotated (rope_style, rope_theta); Kimi: NoPE
     mla_out_gate: bool = False  # Kimi K3: the heads' output times sigmoid(x Wg) before Wo
+    # ---- Muse Spark (engines.reference.residual.Gated and the switches below). Every default is Llama's. ----
+    nope_full: bool = False  # the "full" layers carry no RoPE (Muse: NoPE full layers, rotated sliding ones)
+    qk_norm_weight: bool = True  # False: the QK norm is parameter-free (Muse), no q_norm / k_norm arrays
+    attn_out_norm: bool = False  # Muse: the attention output RMS-normed per head (no weight) before its sigmoid gate
+    embed_norm: bool = False  # Muse: the stream starts as rms(embed[token]) (no weight)
+    final_norm_style: str = ""  # the final norm's style where it differs from norm_style (Muse: "plain"); "" = same
+    logit_scale: float = 1.0  # raw logits times this before final_softcap (Muse: 2^-2.5 under a cap of 20)
+    # Muse's gated f32 residual: s = alpha s + beta postnorm(branch), alpha and beta per channel from one learned
+    # vector per branch (res_gate_attn / res_gate_mlp); the post-norms are Muse's (residual.Gated)
+    residual_gates: bool = False
+    router_logit_scale: float = 1.0  # router logits times this before the sigmoid / softmax (Muse: 2^-2.5)
+    router_eps: float = 0.0  # added to the top-k weights' sum when renormalising them (Muse: 1e-15)
+    # with moe_latent: "k3" (experts in x Wld, their weighted sum normed, then Wlu) or "muse" (experts read
+    # rms(x Wld) * norm weight; each expert's output is normed (its own weight, eps MOE_POST_EPS) before the sum)
+    moe_latent_style: str = "k3"
 
     def __post_init__(self) -> None:
         if self.family not in ("dense", "moe"):
@@ -143,6 +159,12 @@ class Config:
                                  "kda_conv >= 2")
             if "mla" in self.layer_kinds and min(self.mla_kv_rank, self.mla_nope_dim, self.mla_v_dim) < 1:
                 raise ValueError("mla layers need mla_kv_rank, mla_nope_dim and mla_v_dim >= 1")
+        if self.final_norm_style not in ("",) + NORM_STYLES:
+            raise ValueError(f"final_norm_style must be '' or one of {NORM_STYLES}, got {self.final_norm_style!r}")
+        if self.moe_latent_style not in MOE_LATENT_STYLES:
+            raise ValueError(f"moe_latent_style must be one of {MOE_LATENT_STYLES}, got {self.moe_latent_style!r}")
+        if self.residual_gates and (self.post_norms or self.attn_res_block):
+            raise ValueError("residual_gates replaces the residual sum: not with post_norms or attn_res_block")
         if self.rotary_dim and (self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim):
             raise ValueError(f"rotary_dim must be even and in (0, head_dim], got {self.rotary_dim}")
         scaling = dict(self.rope_scaling)
@@ -225,7 +247,9 @@ class Config:
         wide = ("attn_bias", "o_bias", "layer_kinds", "sliding_window", "rope_theta_local", "rope_scaling",
                 "norm_style", "post_norms", "mlp_act", "embed_scale", "query_scale", "attn_softcap",
                 "final_softcap", "attn_sinks", "expert_act", "expert_bias", "attn_out_gate", "rotary_dim",
-                "moe_latent", "attn_res_block")
+                "moe_latent", "attn_res_block", "nope_full", "qk_norm_weight", "attn_out_norm", "embed_norm",
+                "final_norm_style", "logit_scale", "residual_gates", "router_logit_scale", "router_eps",
+                "moe_latent_style")
         mine, theirs = self.to_dict(), base.to_dict()
         out = [f for f in wide if mine[f] != theirs[f] and not (f == "layer_kinds" and set(mine[f]) == {"full"})]
         kinds = sorted(set(self.layer_kinds) - {"full"})
@@ -257,4 +281,20 @@ MINI_KIMI = Config(
     mla_rope_dim=8, mla_v_dim=16, mla_out_gate=True, n_experts=16, top_k=4, moe_ffn=32, n_shared_experts=2,
     first_dense=1, router="sigmoid", norm_topk=True, routed_scale=1.0, mlp_act="situ", expert_act="situ",
     moe_latent=32, attn_res_block=2,
+)
+
+# Muse Spark's layer stack in miniature (ARCHITECTURES.md section 3 and section 6, row 1, at the wave-1 dims): NoPE
+# full attention at l % 4 == 1, sliding layers (a window of 16 that includes the query) with rotate-half RoPE at
+# theta 5e5, parameter-free QK norm, the per-head-normed sigmoid-gated output, scale 5.4730064863875 / sqrt(hd), the
+# gated residual, a normed embedding, logits 20 tanh(raw 2^-2.5 / 20), and a MoE on every layer (sigmoid router at
+# 2^-2.5 whose bias selects only, experts in a normed latent, each expert's output normed) with no shared expert.
+MUSE_ATTN_SCALE = 5.4730064863875  # Muse Spark's attention scale is this over sqrt(head_dim)
+MINI_MUSE = Config(
+    name="mini-muse", family="moe", vocab_size=320, hidden=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16,
+    ffn=128, rope_theta=5e5, rms_eps=1e-5, max_context=2048, tie_embeddings=False, rope_style="half",
+    layer_kinds=("sliding", "full", "sliding", "sliding"), sliding_window=16, nope_full=True, qk_norm=True,
+    qk_norm_weight=False, query_scale=16 / MUSE_ATTN_SCALE ** 2, attn_out_gate=True, attn_out_norm=True,
+    norm_style="gemma", final_norm_style="plain", embed_norm=True, final_softcap=20.0, logit_scale=2 ** -2.5,
+    residual_gates=True, n_experts=8, top_k=2, moe_ffn=32, first_dense=0, router="sigmoid", norm_topk=True,
+    router_logit_scale=2 ** -2.5, router_eps=1e-15, moe_latent=32, moe_latent_style="muse",
 )

@@ -13,6 +13,8 @@ Layout (float32 numpy, matrices stored (in, out) so activations multiply on the 
     e_gate, e_up [Lm, E, D, Fm]   e_down [Lm, E, Fm, D]
     s_gate, s_up [Lm, D, Fs]      s_down [Lm, Fs, D]             (n_shared_experts > 0)
     res_attn, res_mlp [L, D]   res_out [D]          (Config.attn_res_block: the depth mixtures' vectors, K3)
+    res_gate_attn, res_gate_mlp [L, D]   post_mlp_norm [L, D]   (Config.residual_gates: Muse's gated residual)
+    expert_norm [Lm, De]                        (Config.moe_latent_style "muse": each expert's output norm)
     latent_down [Lm, D, De]   latent_norm [Lm, De]   latent_up [Lm, De, D]   (Config.moe_latent = De: the experts'
                                                                   e_gate, e_up [Lm, E, De, Fm], e_down [.., Fm, De])
     bq [La, H*hd]   bk, bv [La, K*hd]                            (Config.attn_bias)
@@ -44,7 +46,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engines.config import MINI_KIMI, MINI_LLAMA, MINI_MOE, Config
+from engines.config import MINI_KIMI, MINI_LLAMA, MINI_MOE, MINI_MUSE, Config
 from engines.errors import ModelError
 from engines.lazy import LazyArrays
 
@@ -96,7 +98,7 @@ def expected_shapes(c: Config) -> dict[str, tuple[int, ...]]:
         s.update(wq=(La, D, c.q_size), wk=(La, D, c.kv_size), wv=(La, D, c.kv_size), wo=(La, c.q_size, D))
     if not c.tie_embeddings:
         s["lm_head"] = (c.vocab_size, D)
-    if c.qk_norm:
+    if c.qk_norm and c.qk_norm_weight:
         s["q_norm"] = (La, hd)
         s["k_norm"] = (La, hd)
     if c.attn_out_gate:
@@ -107,6 +109,8 @@ def expected_shapes(c: Config) -> dict[str, tuple[int, ...]]:
         s["bo"] = (La, D)
     if c.post_norms:
         s.update(post_attn_norm=(L, D), post_mlp_norm=(L, D))
+    if c.residual_gates:
+        s.update(res_gate_attn=(L, D), res_gate_mlp=(L, D), post_mlp_norm=(L, D))
     if c.attn_res_block:
         s.update(res_attn=(L, D), res_mlp=(L, D), res_out=(D,))
     if c.attn_sinks:
@@ -144,6 +148,8 @@ def expected_shapes(c: Config) -> dict[str, tuple[int, ...]]:
                  e_gate=(Lm, E, De, Fm), e_up=(Lm, E, De, Fm), e_down=(Lm, E, Fm, De))
         if c.moe_latent:
             s.update(latent_down=(Lm, D, De), latent_norm=(Lm, De), latent_up=(Lm, De, D))
+            if c.moe_latent_style == "muse":
+                s["expert_norm"] = (Lm, De)
         if c.expert_bias:
             s.update(e_gate_b=(Lm, E, Fm), e_up_b=(Lm, E, Fm), e_down_b=(Lm, E, D))
         if c.n_shared_experts:
@@ -178,8 +184,9 @@ def random_weights(c: Config, seed: int = MINI_SEED) -> Weights:
     arrays: dict[str, np.ndarray] = {}
     for name in sorted(shapes):  # sorted: the draw order, and so the weights, never depend on dict order
         shape = shapes[name]
-        if name.endswith("norm"):
-            a = 1.0 + 0.1 * rng.standard_normal(shape)
+        if name.endswith("norm"):  # gemma style stores offsets (scale 1 + w): near 0, as in trained checkpoints
+            offset = (c.final_norm_style or c.norm_style) if name == "final_norm" else c.norm_style
+            a = (0.0 if offset == "gemma" else 1.0) + 0.1 * rng.standard_normal(shape)
         elif name == "embed":
             a = rng.standard_normal(shape)
         elif name == "lm_head":
@@ -192,6 +199,8 @@ def random_weights(c: Config, seed: int = MINI_SEED) -> Weights:
             a = np.log(rng.uniform(1.0, 16.0, shape))
         elif name in ("gdn_dt_bias", "kda_dt_bias"):
             a = np.ones(shape) + 0.1 * rng.standard_normal(shape)
+        elif name.startswith("res_gate"):  # Muse: beta = sigmoid(g / 0.3) spread over about (0.27, 0.73)
+            a = 0.3 * rng.standard_normal(shape)
         elif name.startswith("res_"):  # depth-mixture scores (v . w) / rms(v) of order 1
             a = rng.standard_normal(shape) / np.sqrt(shape[-1])
         elif name in ("gdn_conv", "kda_conv"):  # depthwise taps: fan-in is the taps
@@ -215,6 +224,14 @@ def mini_moe(seed: int = MINI_SEED) -> Weights:
 
 def mini_kimi(seed: int = MINI_SEED) -> Weights:
     return random_weights(MINI_KIMI, seed)
+
+
+def mini_muse(seed: int = MINI_SEED) -> Weights:
+    """MINI_MUSE's seeded weights, lm_head 2^2.5 times the other minis': Muse scales the raw logits by 2^-2.5, and
+    this gives its mini the others' logit spread (clear greedy margins) under that scale."""
+    w = random_weights(MINI_MUSE, seed)
+    arrays = {**w.arrays, "lm_head": (w.arrays["lm_head"] * np.float32(2 ** 2.5)).astype(np.float32)}
+    return Weights(MINI_MUSE, arrays, sha256=arrays_sha256(arrays), source=f"random(seed={seed}), lm_head x 2^2.5")
 
 
 def interleaved_to_half(w: np.ndarray, n_heads: int, head_dim: int) -> np.ndarray:
@@ -246,9 +263,10 @@ _REORDERED_AXES = {
     "kda_q": {1: "D"}, "kda_k": {1: "D"}, "kda_v": {1: "D"}, "kda_fa": {1: "D"}, "kda_b": {1: "D"}, "kda_ga": {1: "D"},
     "kda_out": {2: "D"}, "kda_g": {1: "D"}, "mla_g": {1: "D"}, "mla_q": {1: "D"}, "mla_qa": {1: "D"},
     "mla_kva": {1: "D"}, "mla_o": {2: "D"}, "res_attn": {1: "D"}, "res_mlp": {1: "D"}, "res_out": {0: "D"},
+    "res_gate_attn": {1: "D"}, "res_gate_mlp": {1: "D"},
 }
 _LATENT_AXES = {"e_gate": {2: "De"}, "e_up": {2: "De"}, "e_down": {3: "De"}, "latent_down": {1: "D", 2: "De"},
-                "latent_norm": {1: "De"}, "latent_up": {1: "De", 2: "D"}}
+                "latent_norm": {1: "De"}, "latent_up": {1: "De", 2: "D"}, "expert_norm": {1: "De"}}
 _UNORDERED = ("q_norm", "k_norm", "bq", "bk", "bv", "sinks", "router_bias", "gdn_conv", "gdn_A_log", "gdn_dt_bias",
               "gdn_norm", "kda_conv", "kda_fb", "kda_dt_bias", "kda_A_log", "kda_gb", "kda_norm", "mla_q_norm",
               "mla_qb",

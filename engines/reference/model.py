@@ -41,10 +41,13 @@ def float64_math():
             f32 = jnp.float32
 
 
-def rms_norm(x: jax.Array, w: jax.Array, eps: float, style: str = "plain") -> jax.Array:
-    """x / sqrt(mean(x^2) + eps) * w over the last axis, in float32 (style "gemma": * (1 + w))."""
+def rms_norm(x: jax.Array, w: jax.Array | None, eps: float, style: str = "plain") -> jax.Array:
+    """x / sqrt(mean(x^2) + eps) * w over the last axis, in float32 (style "gemma": * (1 + w); w None: no weight,
+    Muse's parameter-free norms)."""
     x32 = x.astype(f32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + f32(eps))
+    if w is None:
+        return y
     return y * (w.astype(f32) + 1.0 if style == "gemma" else w.astype(f32))
 
 
@@ -189,6 +192,8 @@ def gptoss_glu(gate: jax.Array, up: jax.Array, alpha: float, limit: float) -> ja
 def router_scores(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -> tuple[jax.Array, jax.Array]:
     """(weights' scores, choice scores) [..., E]: the top-k of the choice scores are the token's experts."""
     logits = jnp.matmul(x.astype(f32), router.astype(f32))
+    if c.router_logit_scale != 1.0:  # Muse: sigmoid(logits * 2^-2.5)
+        logits = logits * f32(c.router_logit_scale)
     if c.router == "softmax":
         scores = jax.nn.softmax(logits + bias.astype(f32), axis=-1)
         return scores, scores
@@ -217,11 +222,15 @@ def route(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -> jax.Ar
     scores, choice = router_scores(x, router, bias, c)
     _, idx = jax.lax.top_k(choice, c.top_k)  # [..., k]
     w = jnp.take_along_axis(scores, idx, axis=-1)
-    if c.norm_topk:
-        w = w / jnp.sum(w, axis=-1, keepdims=True)
+    if c.norm_topk:  # router_eps: Muse's w / (sum + 1e-15)
+        w = w / (jnp.sum(w, axis=-1, keepdims=True) + f32(c.router_eps))
     w = w * c.routed_scale
     one_hot = jax.nn.one_hot(idx, c.n_experts, dtype=f32)  # [..., k, E]
     return jnp.einsum("...k,...ke->...e", w, one_hot)
+
+
+# Muse Spark's post-expert norm eps (its config's post_eps, the same as its post-attention and post-FFN norms').
+MOE_POST_EPS = 1e-8
 
 
 def moe(x: jax.Array, p: dict, m: int, c: Config) -> jax.Array:
@@ -232,7 +241,10 @@ def moe(x: jax.Array, p: dict, m: int, c: Config) -> jax.Array:
     # Operands widened to float32 after rounding to the weight dtype: exactly the products of bf16
     # inputs with f32 accumulation (XLA on CPU has no bf16 x bf16 -> f32 batched contraction).
     wd = p["e_gate"][m].dtype
-    xe = matmul(x, p["latent_down"][m]) if c.moe_latent else x  # K3: the experts work in the latent
+    muse = c.moe_latent and c.moe_latent_style == "muse"
+    xe = matmul(x, p["latent_down"][m]) if c.moe_latent else x  # K3, Muse: the experts work in the latent
+    if muse:  # Muse: the latent normed before the experts
+        xe = rms_norm(xe, p["latent_norm"][m], c.rms_eps, c.norm_style)
     x32 = rounded(xe, wd)
     g = jnp.einsum("btd,edf->btef", x32, p["e_gate"][m].astype(f32))
     u = jnp.einsum("btd,edf->btef", x32, p["e_up"][m].astype(f32))
@@ -245,8 +257,13 @@ def moe(x: jax.Array, p: dict, m: int, c: Config) -> jax.Array:
     y = jnp.einsum("btef,efd->bted", rounded(h, wd), p["e_down"][m].astype(f32))
     if c.expert_bias:
         y = y + p["e_down_b"][m].astype(f32)
+    if muse:  # Muse: each expert's output times its norm weight, then normed (no weight) before the weighted sum
+        w_post = p["expert_norm"][m].astype(f32) + (1.0 if c.norm_style == "gemma" else 0.0)
+        y = rms_norm(y * w_post, None, MOE_POST_EPS)
     out = jnp.einsum("bte,bted->btd", gates, y)
-    if c.moe_latent:  # normed over the latent's true width, then back up to the hidden size
+    if muse:
+        out = matmul(out, p["latent_up"][m])
+    elif c.moe_latent:  # K3: normed over the latent's true width, then back up to the hidden size
         out = matmul(rms_norm(out, p["latent_norm"][m], c.rms_eps), p["latent_up"][m])
     if c.n_shared_experts:
         act = "situ" if c.expert_act == "situ" else "silu"
@@ -289,20 +306,24 @@ def _attention_layer(h, p: dict, i: int, c: Config, cos_sin, positions, rows, kc
     q = q.reshape(B, T, c.n_heads, c.head_dim)
     k = k.reshape(B, T, c.n_kv_heads, c.head_dim)
     v = v.reshape(B, T, c.n_kv_heads, c.head_dim)
-    if c.qk_norm:
-        q = rms_norm(q, p["q_norm"][i], eps, style)
-        k = rms_norm(k, p["k_norm"][i], eps, style)
-    q = apply_rope(q, cos, sin, c.rope_style)
-    k = recipe_round(apply_rope(k, cos, sin, c.rope_style), kv_dt)  # what the cache holds is what is attended
+    if c.qk_norm:  # Muse's is parameter-free (qk_norm_weight False)
+        q = rms_norm(q, p["q_norm"][i] if c.qk_norm_weight else None, eps, style)
+        k = rms_norm(k, p["k_norm"][i] if c.qk_norm_weight else None, eps, style)
+    kind = c.kind(c.attn_layers[i])
+    if not (c.nope_full and kind == "full"):  # Muse's full layers are NoPE
+        q, k = apply_rope(q, cos, sin, c.rope_style), apply_rope(k, cos, sin, c.rope_style)
+    k = recipe_round(k, kv_dt)  # what the cache holds is what is attended
     v = recipe_round(v, kv_dt)
     # advanced indices (rows, positions) around a slice: the update is shaped [B, T, K, hd]
     kc = kc.at[rows, :, positions].set(k.astype(kc.dtype))
     vc = vc.at[rows, :, positions].set(v.astype(vc.dtype))
-    options = dict(window=c.sliding_window if c.kind(c.attn_layers[i]) == "sliding" else 0,
+    options = dict(window=c.sliding_window if kind == "sliding" else 0,
                    scale=c.query_scale ** -0.5 if c.query_scale else 0.0, softcap=c.attn_softcap,
                    sinks=p["sinks"][i] if c.attn_sinks else None)
     attn = causal_attention(q, k, v, positions, **options) if fresh else attention(q, kc, vc, positions, **options)
-    if c.attn_out_gate:  # Qwen3-Next: the output scaled by sigmoid of a per-head gate from the same input
+    if c.attn_out_norm:  # Muse: each head's output RMS-normed, no weight
+        attn = rms_norm(attn.reshape(B, T, c.n_heads, c.head_dim), None, eps).reshape(B, T, c.q_size)
+    if c.attn_out_gate:  # Qwen3-Next, Muse: the output scaled by sigmoid of a per-head gate from the same input
         attn = attn * jax.nn.sigmoid(matmul(h, p["wg"][i]))
     out = matmul(attn, p["wo"][i])
     if c.o_bias:
@@ -353,6 +374,8 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
     B, T = tokens.shape
     k_cache, v_cache = list(k_cache), list(v_cache)
     x = p["embed"][tokens].astype(f32)  # [B, T, D], the float32 residual stream
+    if c.embed_norm:  # Muse: rms(embed[token]), no weight
+        x = rms_norm(x, None, c.rms_eps)
     if c.embed_scale:
         x = x * f32(c.hidden ** 0.5)
     ctx = dict(positions=positions, fresh=fresh, rows=jnp.arange(B)[:, None],  # rows: [B, 1] for the cache scatter
@@ -365,6 +388,8 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
     res_dt = recipe.residual if recipe is not None else "float32"
     if c.attn_res_block:
         stream = residual.AttnRes(x, p, c, lambda r: recipe_round(r, res_dt), f32)
+    elif c.residual_gates:
+        stream = residual.Gated(x, p, c, rms_norm, lambda r: recipe_round(r, res_dt), f32)
     else:
         stream = residual.Plain(x, p, c, lambda out, w: rms_norm(out, w, eps, style), lambda r: recipe_round(r, res_dt))
     taps, routing = [], []
@@ -388,9 +413,11 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
         at = logit_index if logit_index.ndim == 2 else logit_index[:, None]
         x = jnp.take_along_axis(x, at[:, :, None], axis=1)
         x = x if logit_index.ndim == 2 else x[:, 0]
-    x = rms_norm(x, p["final_norm"], eps, style)
+    x = rms_norm(x, p["final_norm"], eps, c.final_norm_style or style)
     head = p["embed"] if c.tie_embeddings else p["lm_head"]
     logits = jnp.einsum("...d,vd->...v", x.astype(head.dtype), head, preferred_element_type=f32)
+    if c.logit_scale != 1.0:  # Muse: 20 tanh(raw * 2^-2.5 / 20)
+        logits = logits * f32(c.logit_scale)
     if c.final_softcap:
         logits = f32(c.final_softcap) * jnp.tanh(logits / f32(c.final_softcap))
     if not want_taps:

@@ -1,4 +1,4 @@
-"""The residual stream between layers: the plain sum (every family but one), or Kimi K3's attention residuals.
+"""The residual stream between layers: the plain sum, Kimi K3's attention residuals, or Muse Spark's gated residual.
 
 Attention residuals replace the running sum with a depth mixture. A row keeps the finished blocks (the sum of
 each group of Config.attn_res_block layers' outputs, the first being the embedding) and the running prefix of the
@@ -73,3 +73,45 @@ class AttnRes:
 
     def final(self):
         return self.mix(self.p["res_out"], len(self.blocks))
+
+
+# Muse Spark's post-norms' eps (its config's post_eps); its pre-norms use rms_eps.
+GATED_POST_EPS = 1e-8
+# Muse's gate temperature and alpha's floor: beta = sigmoid(g / 0.3), alpha = sqrt(max(sigmoid(-g / 0.3) (1 + beta),
+# 1e-3)).
+GATE_TEMPERATURE, ALPHA_FLOOR = 0.3, 1e-3
+
+
+class Gated:
+    """Muse Spark's gated f32 residual: s <- alpha s + beta nb per channel, with u = g / 0.3, beta = sigmoid(u),
+    alpha = sqrt(max(sigmoid(-u) (1 + beta), 1e-3)), g one learned vector per branch (res_gate_attn, res_gate_mlp).
+    nb is the branch post-normed: the attention's by a weightless RMS norm, the MLP's as rms(out * w) with
+    post_mlp_norm's w (1 + w in gemma style), both at eps GATED_POST_EPS. Each layer reads s itself."""
+
+    def __init__(self, x, p: dict, c, rms_norm, round_res, f32):
+        self.x, self.p, self.c, self.norm, self.round, self.f32 = x, p, c, rms_norm, round_res, f32
+
+    def _gate(self, g, nb):
+        u = g.astype(self.f32) / self.f32(GATE_TEMPERATURE)
+        beta = jax.nn.sigmoid(u)
+        alpha = jnp.sqrt(jnp.maximum(jax.nn.sigmoid(-u) * (1.0 + beta), self.f32(ALPHA_FLOOR)))
+        self.x = self.round(alpha * self.x + beta * nb)
+
+    def attn_input(self, layer: int):
+        return self.x
+
+    def mlp_input(self, layer: int):
+        return self.x
+
+    def add_attn(self, layer: int, out) -> None:
+        self._gate(self.p["res_gate_attn"][layer], self.norm(out, None, GATED_POST_EPS))
+
+    def add_mlp(self, layer: int, out) -> None:
+        w = self.p["post_mlp_norm"][layer].astype(self.f32) + (1.0 if self.c.norm_style == "gemma" else 0.0)
+        self._gate(self.p["res_gate_mlp"][layer], self.norm(out * w, None, GATED_POST_EPS))
+
+    def tap(self):
+        return self.x
+
+    def final(self):
+        return self.x
