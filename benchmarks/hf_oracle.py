@@ -78,6 +78,15 @@ def configs() -> dict:
             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
             linear_conv_kernel_dim=4, partial_rotary_factor=0.25,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
+        # Qwen3-Next itself: the same hybrid with its sparse MoE (softmax router, top-k renormalised, a shared expert
+        # behind a sigmoid gate) after one dense layer (mlp_only_layers), as the 80B checkpoints have it on every layer.
+        "mini-qwen-next-moe": t.Qwen3NextConfig(
+            **{**COMMON, "head_dim": 32}, intermediate_size=128, rms_norm_eps=1e-6, tie_word_embeddings=False,
+            layer_types=["linear_attention"] * 3 + ["full_attention"], num_experts=8, num_experts_per_tok=2,
+            moe_intermediate_size=32, shared_expert_intermediate_size=64, norm_topk_prob=True, decoder_sparse_step=1,
+            mlp_only_layers=[0], linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            linear_value_head_dim=16, linear_conv_kernel_dim=4, partial_rotary_factor=0.25,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
         # Kimi's layer stack as transformers has it (Kimi Linear): Kimi Delta Attention layers and a multi-head latent
         # attention layer (NoPE: k_pe shared and never rotated) at i % 4 == 3 as Kimi K3 places them, layer 0 with a
         # dense MLP and the rest DeepSeek-style MoE (sigmoid router whose bias selects only, a shared expert).
@@ -136,9 +145,10 @@ def init_weights(model: torch.nn.Module, gemma_norms: bool, seed: int) -> None:
                 v = r / math.sqrt(D) if gemma_norms and not qwen_next else r  # Gemma multiplies embeddings by sqrt(D)
             elif name.startswith("lm_head"):
                 v = 4.0 * r / math.sqrt(D)
-            elif "router" in name or (kimi and name.endswith("mlp.gate.weight")):
+            elif "router" in name or ((kimi or qwen_next) and name.endswith("mlp.gate.weight")):
                 v = 4.0 * r / math.sqrt(D)
-            elif kimi and "experts." in name:  # [E, 2F, D] gate_up, [E, D, F] down: fan-in is the last axis
+            elif (kimi or qwen_next) and "experts." in name and "shared" not in name:  # [E, 2F, D] gate_up,
+                # [E, D, F] down: fan-in is the last axis
                 v = (0.5 if "down_proj" in name else 1.0) * r / math.sqrt(p.shape[-1])
             elif "experts.gate_up_proj" in name:  # [E, D, 2F]; 4x: some gate and up values pass swiglu_limit (7)
                 v = 4.0 * r / math.sqrt(p.shape[1])
@@ -207,7 +217,7 @@ def greedy(model, prompt: list[int]) -> dict:
 # The architectures whose oracle also runs in float64: in float32 the chunked delta rule transformers runs for
 # Qwen3-Next is itself 1.6e-4 (max |dlogprob|) from its own float64 run, more than ORACLE_TOL, so float32 alone
 # cannot tell a reference error of that size; in float64 the two implementations can be compared closely.
-FLOAT64_RUNG = ("mini-qwen-hybrid", "mini-kimi-linear", "mini-deepseek-mla")
+FLOAT64_RUNG = ("mini-qwen-hybrid", "mini-qwen-next-moe", "mini-kimi-linear", "mini-deepseek-mla")
 
 
 @contextmanager

@@ -52,6 +52,7 @@ class Config:
     router: str = "softmax"
     norm_topk: bool = True  # renormalise the selected experts' weights to sum to 1
     routed_scale: float = 1.0  # multiplier on the routed experts' weights (DeepSeek-V3: 2.5)
+    shared_expert_gate: bool = False  # Qwen3-Next: the shared expert's output times sigmoid(x shared_gate)
     # Kimi K3's latent MoE: the routed experts work in a latent of this width (x Wld), their weighted sum is normed
     # over it (its true width) and brought back up (Wlu); the router and the shared expert read x itself. 0 = off.
     moe_latent: int = 0
@@ -249,7 +250,7 @@ class Config:
                 "final_softcap", "attn_sinks", "expert_act", "expert_bias", "attn_out_gate", "rotary_dim",
                 "moe_latent", "attn_res_block", "nope_full", "qk_norm_weight", "attn_out_norm", "embed_norm",
                 "final_norm_style", "logit_scale", "residual_gates", "router_logit_scale", "router_eps",
-                "moe_latent_style")
+                "moe_latent_style", "shared_expert_gate")
         mine, theirs = self.to_dict(), base.to_dict()
         out = [f for f in wide if mine[f] != theirs[f] and not (f == "layer_kinds" and set(mine[f]) == {"full"})]
         kinds = sorted(set(self.layer_kinds) - {"full"})

@@ -17,14 +17,24 @@ KIMI_LAYER_KIND = {"linear_attention": "kda", "full_attention": "mla"}
 
 def qwen3_next_fields(cfg: dict, path: Path) -> dict:
     """Qwen3-Next: zero-centred norms (1 + w) everywhere but the GDN output norm, q/k norms, the per-head output
-    gate, a partial RoPE, and the GDN layers' dims. Its sparse MoE (softmax router plus a sigmoid-gated shared
-    expert) is not implemented: such a checkpoint is refused."""
+    gate, a partial RoPE, and the GDN layers' dims; and its sparse MoE (softmax router, top-k renormalised or not, a
+    shared expert behind a sigmoid gate) where the sparse layers follow the dense ones."""
     L = int(cfg.get("num_hidden_layers") or 0)
     sparse = [i for i in range(L) if (cfg.get("num_experts") or 0) > 0 and i not in (cfg.get("mlp_only_layers") or [])
               and (i + 1) % int(cfg.get("decoder_sparse_step") or 1) == 0]
+    moe = {}
     if sparse:
-        raise ModelError(f"{path}: Qwen3-Next's sparse MoE layers ({len(sparse)} of {L}) are not supported; only "
-                         "dense MLP layers (num_experts=0, or every layer in mlp_only_layers)")
+        first = L - len(sparse)
+        if sparse != list(range(first, L)):
+            raise ModelError(f"{path}: Qwen3-Next's sparse layers {sparse} do not follow the dense ones (only dense "
+                             "layers first, then sparse layers, is supported)")
+        F, Fs = int(cfg["moe_intermediate_size"]), int(cfg.get("shared_expert_intermediate_size") or 0)
+        if Fs % F:
+            raise ModelError(f"{path}: shared_expert_intermediate_size {Fs} is not a multiple of "
+                             f"moe_intermediate_size {F}")
+        moe = dict(n_experts=int(cfg["num_experts"]), top_k=int(cfg["num_experts_per_tok"]), moe_ffn=F,
+                   n_shared_experts=Fs // F, first_dense=first, router="softmax",
+                   norm_topk=bool(cfg.get("norm_topk_prob", True)), routed_scale=1.0, shared_expert_gate=Fs > 0)
     if (cfg.get("hidden_act") or "silu") != "silu":
         raise ModelError(f"{path}: hidden_act {cfg['hidden_act']!r} is not supported (Qwen3-Next: silu)")
     hd = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
@@ -32,7 +42,7 @@ def qwen3_next_fields(cfg: dict, path: Path) -> dict:
     return dict(norm_style="gemma", qk_norm=True, attn_out_gate=True, rotary_dim=int(hd * float(factor)),
                 gdn_k_heads=int(cfg["linear_num_key_heads"]), gdn_v_heads=int(cfg["linear_num_value_heads"]),
                 gdn_k_dim=int(cfg["linear_key_head_dim"]), gdn_v_dim=int(cfg["linear_value_head_dim"]),
-                gdn_conv=int(cfg["linear_conv_kernel_dim"]))
+                gdn_conv=int(cfg["linear_conv_kernel_dim"]), **moe)
 
 
 def kimi_layer_kinds(cfg: dict, L: int) -> tuple[str, ...]:

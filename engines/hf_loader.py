@@ -3,12 +3,13 @@
 Supported model_types: llama, qwen2, qwen3 (dense), qwen3_moe (softmax router), deepseek_v3 with plain q/k/v
 attention or its multi-head latent attention (biased sigmoid router, shared experts, first_k_dense_replace),
 gemma2, gemma3_text (Gemma3ForCausalLM), gpt_oss (MXFP4 experts dequantised on load), qwen3_next (the Gated
-DeltaNet hybrid of Qwen3-Next / Qwen3.8: GDN layers and gated full-attention layers with a partial RoPE; dense MLP
-layers only) and kimi_linear (Kimi Delta Attention and NoPE multi-head latent attention layers, DeepSeek-style MoE);
+DeltaNet hybrid of Qwen3-Next / Qwen3.8: GDN layers and gated full-attention layers with a partial RoPE; dense
+MLPs or Qwen3-Next's sparse MoE with its gated shared expert) and kimi_linear (Kimi Delta Attention and NoPE
+multi-head latent attention layers, DeepSeek-style MoE);
 the hybrids' parts are in engines.hf_hybrid. RoPE scaling: linear, llama3, yarn, read from transformers 5's
 `rope_parameters` or the older `rope_theta` + `rope_scaling`. Not supported, each a one-line error naming it:
 a scaled RoPE on DeepSeek-V3's MLA, grouped routing (n_group > 1), other RoPE scalings, Qwen2's own sliding window,
-MLP biases, Qwen3-Next's sparse MoE.
+MLP biases.
 """
 
 from __future__ import annotations
@@ -145,6 +146,8 @@ def hf_config(cfg: dict, name: str, path: Path) -> Config:
         **_rope_fields(cfg, path))
     common.update(_family_fields(cfg, mt, path))
     try:
+        if mt == "qwen3_next" and "n_experts" in common:  # its sparse MoE (hf_hybrid.qwen3_next_fields)
+            return Config(family="moe", **common)
         if mt in ("llama", "qwen2", "qwen3", "qwen3_next") + GEMMA:
             return Config(family="dense", **common)
         if mt == "kimi_linear":
@@ -343,8 +346,12 @@ def _mlp_arrays(c, r: _Reader, pre: list[str]) -> dict:
                              for p in moe]
                 a[ours] = lazy_mod.Stacked(per_layer) if r.lazy else np.stack(per_layer)
         if c.n_shared_experts:
+            shared = "mlp.shared_expert." if c.shared_expert_gate else "mlp.shared_experts."  # Qwen3-Next: one
             for ours, theirs in (("s_gate", "gate_proj"), ("s_up", "up_proj"), ("s_down", "down_proj")):
-                a[ours] = r.stack([p + f"mlp.shared_experts.{theirs}.weight" for p in moe], True)
+                a[ours] = r.stack([p + f"{shared}{theirs}.weight" for p in moe], True)
+        if c.shared_expert_gate:  # [1, D] each
+            a["shared_gate"] = r.dense(np.stack([np.asarray(r.get(p + "mlp.shared_expert_gate.weight"))[0]
+                                                 for p in moe]))
     return a
 
 

@@ -12,6 +12,7 @@ Layout (float32 numpy, matrices stored (in, out) so activations multiply on the 
     router [Lm, D, E]   router_bias [Lm, E]                      MoE layers
     e_gate, e_up [Lm, E, D, Fm]   e_down [Lm, E, Fm, D]
     s_gate, s_up [Lm, D, Fs]      s_down [Lm, Fs, D]             (n_shared_experts > 0)
+    shared_gate [Lm, D]                                          (Config.shared_expert_gate: Qwen3-Next)
     res_attn, res_mlp [L, D]   res_out [D]          (Config.attn_res_block: the depth mixtures' vectors, K3)
     res_gate_attn, res_gate_mlp [L, D]   post_mlp_norm [L, D]   (Config.residual_gates: Muse's gated residual)
     expert_norm [Lm, De]                        (Config.moe_latent_style "muse": each expert's output norm)
@@ -155,6 +156,8 @@ def expected_shapes(c: Config) -> dict[str, tuple[int, ...]]:
         if c.n_shared_experts:
             Fs = c.n_shared_experts * Fm
             s.update(s_gate=(Lm, D, Fs), s_up=(Lm, D, Fs), s_down=(Lm, Fs, D))
+            if c.shared_expert_gate:
+                s["shared_gate"] = (Lm, D)
     return s
 
 
@@ -263,7 +266,7 @@ _REORDERED_AXES = {
     "kda_q": {1: "D"}, "kda_k": {1: "D"}, "kda_v": {1: "D"}, "kda_fa": {1: "D"}, "kda_b": {1: "D"}, "kda_ga": {1: "D"},
     "kda_out": {2: "D"}, "kda_g": {1: "D"}, "mla_g": {1: "D"}, "mla_q": {1: "D"}, "mla_qa": {1: "D"},
     "mla_kva": {1: "D"}, "mla_o": {2: "D"}, "res_attn": {1: "D"}, "res_mlp": {1: "D"}, "res_out": {0: "D"},
-    "res_gate_attn": {1: "D"}, "res_gate_mlp": {1: "D"},
+    "res_gate_attn": {1: "D"}, "res_gate_mlp": {1: "D"}, "shared_gate": {1: "D"},
 }
 _LATENT_AXES = {"e_gate": {2: "De"}, "e_up": {2: "De"}, "e_down": {3: "De"}, "latent_down": {1: "D", 2: "De"},
                 "latent_norm": {1: "De"}, "latent_up": {1: "De", 2: "D"}, "expert_norm": {1: "De"}}

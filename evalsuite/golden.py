@@ -34,7 +34,7 @@ DEFAULTS = {"smollm2-135m": ("builtin", 32), "mini-llama": ("quick", 24), "mini-
             "mini-qwen2": ("quick", 24), "mini-gemma2": ("quick", 24), "mini-gemma3": ("quick", 24),
             "mini-gptoss": ("quick", 24), "mini-qwen-hybrid": ("quick", 24),
             "mini-kimi-linear": ("quick", 24), "mini-deepseek-mla": ("quick", 24),
-            "mini-kimi": ("quick", 24), "mini-muse": ("quick", 24)}
+            "mini-kimi": ("quick", 24), "mini-muse": ("quick", 24), "mini-qwen-next-moe": ("quick", 24)}
 # |Δ logprob| of the golden top-k ids beyond LOGPROB_TOL (evalsuite/compare/rule.py, from noise
 # floors measured on the reference) is a mismatch even when the argmax agrees, in every dtype.
 REGENERATE = "regenerate with: evalsuite golden update --model {model}  (or pytest --golden-update)"

@@ -267,7 +267,10 @@ def moe(x: jax.Array, p: dict, m: int, c: Config) -> jax.Array:
         out = matmul(rms_norm(out, p["latent_norm"][m], c.rms_eps), p["latent_up"][m])
     if c.n_shared_experts:
         act = "situ" if c.expert_act == "situ" else "silu"
-        out = out + swiglu(x, p["s_gate"][m], p["s_up"][m], p["s_down"][m], act)
+        shared = swiglu(x, p["s_gate"][m], p["s_up"][m], p["s_down"][m], act)
+        if c.shared_expert_gate:  # Qwen3-Next: a sigmoid gate on the shared expert, one scalar a token
+            shared = shared * jax.nn.sigmoid(matmul(x, p["shared_gate"][m][:, None]))
+        out = out + shared
     return out
 
 

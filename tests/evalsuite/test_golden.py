@@ -20,6 +20,8 @@ def gdir(tmp_path):
 @pytest.mark.parametrize("model", ["mini-llama", "mini-moe", "mini-qwen2", "mini-gemma2", "mini-gemma3",
                                    "mini-gptoss", "mini-qwen-hybrid", "mini-kimi-linear", "mini-deepseek-mla",
                                    "mini-muse",
+                                   pytest.param("mini-qwen-next-moe", marks=pytest.mark.heavy),  # CI checks it
+                                   # against transformers (tests/engines/reference/test_gdn.py)
                                    pytest.param("mini-kimi", marks=pytest.mark.heavy),  # 20 s; CI checks it against
                                    # its whole-model transcription (tests/engines/reference/test_k3_layers.py)
                                    pytest.param("smollm2-135m", marks=pytest.mark.slow)])

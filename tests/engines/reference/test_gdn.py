@@ -187,3 +187,24 @@ def test_padding_must_not_advance_the_state(hybrid, monkeypatch, fresh_programs)
     same, f32, _ = oracle_rungs(hybrid)
     print(f"padding through the recurrence: tokens {'same' if same else 'differ'}, float32 {f32:.1e}")
     assert not same or f32 > float32_bound(ORACLE)
+
+
+MOE_ORACLE = json.loads((Path(__file__).parents[1] / "oracle" / "mini-qwen-next-moe.json").read_text())
+
+
+@pytest.mark.parametrize("bug", ["faithful", "shared expert ungated", "top-k not renormalised"])
+def test_qwen3_next_moe_against_its_oracle(bug, fresh_programs):
+    """Qwen3-Next's sparse MoE (mini-qwen-next-moe: softmax top-2 of 8 renormalised, a shared expert behind a sigmoid
+    gate, after one dense layer) through evalsuite's loader: the oracle's tokens and logprobs, and each bug fails it."""
+    w = load_hf(minis_dir() / "mini-qwen-next-moe", "mini-qwen-next-moe")
+    assert w.config.family == "moe" and w.config.first_dense == 1 and w.config.shared_expert_gate
+    c, arrays = w.config, dict(w.arrays)
+    if bug == "shared expert ungated":
+        c = dataclasses.replace(c, shared_expert_gate=False)
+        arrays.pop("shared_gate")
+    elif bug == "top-k not renormalised":
+        c = dataclasses.replace(c, norm_topk=False)
+    same, f32, f64 = oracle_rungs(Weights(c, arrays, w.sha256, w.source), runs=1, oracle=MOE_ORACLE)
+    print(f"qwen3-next moe {bug}: tokens {'same' if same else 'differ'}, float32 {f32:.1e}, float64 {f64:.1e}")
+    ok = same and f32 <= float32_bound(MOE_ORACLE) and f64 <= ORACLE_F64_TOL
+    assert ok == (bug == "faithful")

@@ -142,7 +142,8 @@ def test_the_original_checkpoint_layout_loads_the_same(tmp_path, kimi):
     ("mini-kimi-linear", {"mla_use_nope": False}, "MLA with RoPE"),
     ("mini-kimi-linear", {"num_key_value_heads": 2}, "num_key_value_heads != num_attention_heads"),
     ("mini-kimi-linear", {"mlp_layer_types": ["sparse", "dense", "sparse", "sparse"]}, "not dense layers followed"),
-    ("mini-qwen-hybrid", {"num_experts": 4}, "Qwen3-Next's sparse MoE layers"),
+    ("mini-qwen-next-moe", {"mlp_only_layers": [1]}, "do not follow the dense ones"),
+    ("mini-qwen-next-moe", {"shared_expert_intermediate_size": 48}, "not a multiple of moe_intermediate_size"),
 ])
 def test_unsupported_hybrid_configs_are_one_line_errors(tmp_path, model_dir, change, message):
     from engines.errors import ModelError
