@@ -101,10 +101,12 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def oracle(session: nox.Session) -> None:
-    """Rebuild the minis and their transformers oracles (engines/minis, tests/engines/oracle) in .venv-hf: torch never
-    enters .venv. Arguments go to the script (e.g. -- --only mini-kimi-linear)."""
+    """Rebuild the minis and their transformers oracles (engines/minis, tests/engines/oracle) and the delta rule's
+    flash-linear-attention oracle (tests/engines/oracle/fla-delta-rule.npz) in .venv-hf: torch never enters .venv.
+    Arguments go to hf_oracle.py (e.g. -- --only mini-kimi-linear)."""
     session.run("bash", "benchmarks/install_hf.sh", external=True)
     session.run(".venv-hf/bin/python", "benchmarks/hf_oracle.py", *session.posargs, external=True)
+    session.run(".venv-hf/bin/python", "benchmarks/fla_oracle.py", external=True)
 
 
 @nox.session(python=False)

@@ -122,7 +122,8 @@ def _decay_after_update(q, k, v, beta, g, S, valid):
     def step(S, xs):
         q_t, k_t, v_t, b_t, g_t, ok = xs
         mem = jnp.einsum("bhkv,bhk->bhv", S, k_t)
-        S1 = (S + jnp.einsum("bhk,bhv->bhkv", k_t, (v_t - mem) * b_t[:, :, None])) * jnp.exp(g_t)[:, :, None, None]
+        decay = jnp.exp(g_t)[:, :, None, None] if g_t.ndim == 2 else jnp.exp(g_t)[..., None]  # per head or channel
+        S1 = (S + jnp.einsum("bhk,bhv->bhkv", k_t, (v_t - mem) * b_t[:, :, None])) * decay
         return jnp.where(ok[:, None, None, None], S1, S), jnp.einsum("bhkv,bhk->bhv", S1, q_t)
     S, o = jax.lax.scan(step, S, tuple(jnp.moveaxis(a, 1, 0) for a in (q, k, v, beta, g, valid)))
     return jnp.moveaxis(o, 0, 1), S
@@ -208,3 +209,32 @@ def test_qwen3_next_moe_against_its_oracle(bug, fresh_programs):
     print(f"qwen3-next moe {bug}: tokens {'same' if same else 'differ'}, float32 {f32:.1e}, float64 {f64:.1e}")
     ok = same and f32 <= float32_bound(MOE_ORACLE) and f64 <= ORACLE_F64_TOL
     assert ok == (bug == "faithful")
+
+
+FLA = np.load(Path(__file__).parents[1] / "oracle" / "fla-delta-rule.npz")  # benchmarks/fla_oracle.py
+
+
+@pytest.mark.parametrize("bug", [None, "decay after the update", "one decay per head"])
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_the_delta_rule_against_flash_linear_attention(kind, bug):
+    """flash-linear-attention's naive recurrent and chunked delta rules (fla-core 0.6.0, run in the side environment)
+    on seeded inputs from a random initial state: the reference's outputs and final state within the public kernels'
+    bounds (measured: within 1e-6 of either form). Each bug fails: the decay after the update, and for KDA the
+    per-channel decay collapsed to one per head."""
+    meta = json.loads(str(FLA["meta"]))
+    if bug == "one decay per head" and kind == "gdn":
+        pytest.skip("GDN's decay is one per head already")
+    g = FLA["g_head"] if kind == "gdn" else FLA["g_chan"]
+    if bug == "one decay per head":
+        g = g.mean(-1)
+    rule = _decay_after_update if bug == "decay after the update" else gdn.delta_rule
+    q = jnp.asarray(FLA["q"]) * meta["scale"]
+    valid = jnp.ones(FLA["q"].shape[:2], bool)
+    o, S = rule(q, *(jnp.asarray(FLA[x]) for x in ("k", "v", "beta")), jnp.asarray(g), jnp.asarray(FLA["S0"]), valid)
+    for form in ("", "_chunk"):
+        ok = (np.allclose(np.asarray(o), FLA[f"{kind}{form}_o"], rtol=STEP_RTOL, atol=STEP_ATOL)
+              and np.allclose(np.asarray(S), FLA[f"{kind}{form}_S"], rtol=STEP_RTOL, atol=STEP_ATOL))
+        err = max(np.abs(np.asarray(o) - FLA[f"{kind}{form}_o"]).max(),
+                  np.abs(np.asarray(S) - FLA[f"{kind}{form}_S"]).max())
+        print(f"{kind} {bug or 'faithful'} vs fla{form or ' recurrent'}: max |Δ| {err:.1e}")
+        assert ok == (bug is None), err
