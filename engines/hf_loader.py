@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engines import hf_hybrid
+from engines import hf_hybrid, mxfp4
 from engines import lazy as lazy_mod
 from engines.config import Config
 from engines.errors import ModelError
@@ -127,8 +127,10 @@ def hf_config(cfg: dict, name: str, path: Path) -> Config:
     if (cfg.get("n_group") or 1) > 1:
         raise ModelError(f"{path}: grouped expert routing (n_group={cfg['n_group']}) is not supported")
     quant = (cfg.get("quantization_config") or {}).get("quant_method")
-    if quant and not (quant == "mxfp4" and mt == "gpt_oss"):
-        raise ModelError(f"{path}: quantization {quant!r} is not supported (only gpt-oss's mxfp4 experts)")
+    # gpt-oss's mxfp4 experts; Kimi's compressed-tensors MXFP4 experts (weight_packed + weight_scale, read by _Reader)
+    if quant and (quant, mt) not in (("mxfp4", "gpt_oss"), ("compressed-tensors", "kimi_linear")):
+        raise ModelError(f"{path}: quantization {quant!r} is not supported (only gpt-oss's mxfp4 experts and Kimi's "
+                         "compressed-tensors MXFP4 experts)")
     D = int(_require(cfg, "hidden_size", path))
     H = int(_require(cfg, "num_attention_heads", path))
     L = int(_require(cfg, "num_hidden_layers", path))
@@ -257,10 +259,23 @@ class _Reader:
         return self.rename(key) if key not in self.t and self.rename else key
 
     def has(self, key: str) -> bool:
-        return self.name(key) in self.t
+        return self.name(key) in self.t or self._packed(self.name(key)) is not None
+
+    def _packed(self, key: str) -> tuple[str, str] | None:
+        """(weight_packed, weight_scale) names where an MXFP4 tensor stands for key (Kimi K3's experts)."""
+        if not key.endswith(".weight"):
+            return None
+        stem = key[:-len("weight")]
+        names = (stem + "weight_packed", stem + "weight_scale")
+        return names if all(n in self.t for n in names) else None
 
     def get(self, key: str, transpose: bool = False, raw: bool = False) -> np.ndarray:
         key = self.name(key)
+        packed = self._packed(key) if key not in self.t and not raw else None
+        if packed:  # dequantised whole (exact), in either mode
+            a = mxfp4.dequantize_packed(*(np.asarray(self.get(n, raw=True)) for n in packed),
+                                        name=f"{self.path}: {key}")
+            return self.dense(a.T if transpose else a)
         if key not in self.t:
             raise ModelError(f"{self.path}: missing tensor {key!r}")
         self.used.add(key)

@@ -108,13 +108,9 @@ def _original_layout(name: str) -> str:
     return name
 
 
-def test_the_original_checkpoint_layout_loads_the_same(tmp_path, kimi):
-    """The released checkpoints name things as Moonshot's code does: separate q/k/v convs, the forget gate's tensors
-    under self_attn, block_sparse_moe with per-expert w1 (gate), w3 (up), w2 (down)."""
-    from safetensors.numpy import load_file, save_file
-
-    src = minis_dir() / "mini-kimi-linear"
-    t, out = load_file(str(src / "model.safetensors")), {}
+def original_layout_tensors(t: dict) -> dict:
+    """mini-kimi-linear's tensors (transformers' names) in the released checkpoints' layout."""
+    out = {}
     for k, v in t.items():
         if k.endswith("self_attn.conv1d.weight"):
             for x, part in zip("qkv", np.split(v, 3)):
@@ -129,6 +125,16 @@ def test_the_original_checkpoint_layout_loads_the_same(tmp_path, kimi):
                 out[_original_layout(k).replace("down_proj", f"{e}.w2.weight")] = v[e]
         else:
             out[_original_layout(k)] = v
+    return out
+
+
+def test_the_original_checkpoint_layout_loads_the_same(tmp_path, kimi):
+    """The released checkpoints name things as Moonshot's code does: separate q/k/v convs, the forget gate's tensors
+    under self_attn, block_sparse_moe with per-expert w1 (gate), w3 (up), w2 (down)."""
+    from safetensors.numpy import load_file, save_file
+
+    src = minis_dir() / "mini-kimi-linear"
+    out = original_layout_tensors(load_file(str(src / "model.safetensors")))
     (tmp_path / "config.json").write_text((src / "config.json").read_text())
     save_file(out, str(tmp_path / "model.safetensors"))
     w = load_hf(tmp_path, "kimi-original")
