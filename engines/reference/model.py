@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from engines.config import Config
 from engines.reference import gdn, kda, mla, residual, rope
+from engines.reference.moe import moe
 
 f32 = jnp.float32  # the compute dtype: float64 only inside float64_math
 _EXACT = threading.Lock()
@@ -227,51 +228,6 @@ def route(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -> jax.Ar
     w = w * c.routed_scale
     one_hot = jax.nn.one_hot(idx, c.n_experts, dtype=f32)  # [..., k, E]
     return jnp.einsum("...k,...ke->...e", w, one_hot)
-
-
-# Muse Spark's post-expert norm eps (its config's post_eps, the same as its post-attention and post-FFN norms').
-MOE_POST_EPS = 1e-8
-
-
-def moe(x: jax.Array, p: dict, m: int, c: Config) -> jax.Array:
-    """Routed experts (every expert evaluated, weighted by route's sparse weights) + shared expert.
-    expert_act "gptoss": biased projections and gptoss_glu; "situ" (K3): situ for the experts and the shared expert.
-    moe_latent (K3): the experts read x Wld and their weighted sum is normed and brought up by Wlu."""
-    gates = route(x, p["router"][m], p["router_bias"][m], c)  # [B, T, E]
-    # Operands widened to float32 after rounding to the weight dtype: exactly the products of bf16
-    # inputs with f32 accumulation (XLA on CPU has no bf16 x bf16 -> f32 batched contraction).
-    wd = p["e_gate"][m].dtype
-    muse = c.moe_latent and c.moe_latent_style == "muse"
-    xe = matmul(x, p["latent_down"][m]) if c.moe_latent else x  # K3, Muse: the experts work in the latent
-    if muse:  # Muse: the latent normed before the experts
-        xe = rms_norm(xe, p["latent_norm"][m], c.rms_eps, c.norm_style)
-    x32 = rounded(xe, wd)
-    g = jnp.einsum("btd,edf->btef", x32, p["e_gate"][m].astype(f32))
-    u = jnp.einsum("btd,edf->btef", x32, p["e_up"][m].astype(f32))
-    if c.expert_bias:
-        g, u = g + p["e_gate_b"][m].astype(f32), u + p["e_up_b"][m].astype(f32)
-    if c.expert_act == "gptoss":
-        h = gptoss_glu(g, u, c.swiglu_alpha, c.swiglu_limit)
-    else:
-        h = situ(g, u) if c.expert_act == "situ" else jax.nn.silu(g) * u
-    y = jnp.einsum("btef,efd->bted", rounded(h, wd), p["e_down"][m].astype(f32))
-    if c.expert_bias:
-        y = y + p["e_down_b"][m].astype(f32)
-    if muse:  # Muse: each expert's output times its norm weight, then normed (no weight) before the weighted sum
-        w_post = p["expert_norm"][m].astype(f32) + (1.0 if c.norm_style == "gemma" else 0.0)
-        y = rms_norm(y * w_post, None, MOE_POST_EPS)
-    out = jnp.einsum("bte,bted->btd", gates, y)
-    if muse:
-        out = matmul(out, p["latent_up"][m])
-    elif c.moe_latent:  # K3: normed over the latent's true width, then back up to the hidden size
-        out = matmul(rms_norm(out, p["latent_norm"][m], c.rms_eps), p["latent_up"][m])
-    if c.n_shared_experts:
-        act = "situ" if c.expert_act == "situ" else "silu"
-        shared = swiglu(x, p["s_gate"][m], p["s_up"][m], p["s_down"][m], act)
-        if c.shared_expert_gate:  # Qwen3-Next: a sigmoid gate on the shared expert, one scalar a token
-            shared = shared * jax.nn.sigmoid(matmul(x, p["shared_gate"][m][:, None]))
-        out = out + shared
-    return out
 
 
 def empty_cache(c: Config, batch: int, slots: int, dtype=None) -> tuple[list, list]:
