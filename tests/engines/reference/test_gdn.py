@@ -108,8 +108,8 @@ def test_prefill_then_decode_equals_one_forward(hybrid):
     assert np.abs(full - stepped).max() <= DLOGIT_TOL["float32"]
 
 
-@pytest.mark.parametrize("name", ["mini-qwen-hybrid", "mini-kimi-linear", pytest.param("mini-kimi",
-                                                                                       marks=pytest.mark.heavy)])
+@pytest.mark.parametrize("name", ["mini-qwen-hybrid", pytest.param("mini-kimi-linear", marks=pytest.mark.heavy),
+                                  pytest.param("mini-kimi", marks=pytest.mark.heavy)])
 def test_prefill_then_decode_equals_one_forward_in_bfloat16(name):
     """The same in bf16 mode, on the GDN hybrid and both KDA stacks: the recurrence's states carried across calls in
     the recipe. Measured max |Δlogit| 2.9e-2 (mini-qwen-hybrid), 1.9e-6 (mini-kimi-linear), 2.9e-2 (mini-kimi),
@@ -210,7 +210,8 @@ def test_padding_must_not_advance_the_state(hybrid, monkeypatch, fresh_programs)
 MOE_ORACLE = json.loads((Path(__file__).parents[1] / "oracle" / "mini-qwen-next-moe.json").read_text())
 
 
-@pytest.mark.parametrize("bug", ["faithful", "shared expert ungated", "top-k not renormalised"])
+@pytest.mark.parametrize("bug", ["faithful", "shared expert ungated",
+                                 pytest.param("top-k not renormalised", marks=pytest.mark.heavy)])
 def test_qwen3_next_moe_against_its_oracle(bug, fresh_programs):
     """Qwen3-Next's sparse MoE (mini-qwen-next-moe: softmax top-2 of 8 renormalised, a shared expert behind a sigmoid
     gate, after one dense layer) through evalsuite's loader: the oracle's tokens and logprobs, and each bug fails it."""

@@ -181,6 +181,7 @@ def test_the_gated_residual_against_its_transcription(muse, temperature, monkeyp
     assert (err <= MINI_LOGIT_TOL) == (temperature == 0.3), err
 
 
+@pytest.mark.heavy  # CI drives every engine path on mini-muse through its golden file's teacher-forced check only
 def test_the_reference_decodes_mini_muse_as_it_scores_it():
     """Prefill, decode past the window and a batch of unequal prompts give the one-pass argmax."""
     from engines.reference import ReferenceEngine

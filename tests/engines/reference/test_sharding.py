@@ -57,7 +57,8 @@ def run(*args):
                                                              marks=pytest.mark.heavy),
                                                 pytest.param("mini-kimi-linear", "tp=2,ep=2", 2, 2,
                                                              marks=pytest.mark.heavy),
-                                                ("mini-muse", "tp=2,ep=2", 2, 2),
+                                                pytest.param("mini-muse", "tp=2,ep=2", 2, 2,
+                                                             marks=pytest.mark.heavy),
                                                 pytest.param("smollm2-135m", "tp=3", 3, 1,
                                                              marks=pytest.mark.heavy)])
 def test_sharded_reference_equals_one_device(name, mesh, tp, ep):

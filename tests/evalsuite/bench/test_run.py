@@ -38,6 +38,7 @@ def test_gsm8k_and_gpqa_on_bundled_data(tmp_path, task):
     assert (tmp_path / task / "reference" / "lm_eval_results.json").is_file()
 
 
+@pytest.mark.heavy  # 40 s in CI's run; the real sets' folder (../shared/data) is read in CI by test_real_data
 def test_data_dir_in_hub_schema_is_used_and_named(tmp_path):
     import datasets
 
