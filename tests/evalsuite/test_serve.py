@@ -216,6 +216,7 @@ def test_faulted_served_engine_fails_golden_and_moves_gpqa_scores(tmp_path):
     assert claim.returncode == 2 and "contradicts the server" in claim.stderr and "Traceback" not in claim.stderr
 
 
+@pytest.mark.heavy  # 17 s in CI's run
 def test_swapped_server_behind_the_same_url_is_not_reused(tmp_path):
     """Regression (10.2): a journal written against one served engine was reused for another at the
     same URL. The key holds the server's identity and canary now."""

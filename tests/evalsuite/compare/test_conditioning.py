@@ -78,6 +78,7 @@ def test_a_bf16_diff_runs_the_witness_on_the_recipe_and_a_real_bug_still_fails(m
     assert 0 < w["prompts_with_other_orders"] <= ORDER_PROMPTS
 
 
+@pytest.mark.heavy  # 16 s in CI's run
 def test_where_the_witness_cannot_run_the_flags_stand_and_are_named(mini_llama, monkeypatch):
     import engines.reference.engine as ref_engine
 
