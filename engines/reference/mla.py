@@ -21,20 +21,28 @@ def score_scale(c: Config) -> float:
     return (c.mla_nope_dim + c.mla_rope_dim) ** -0.5
 
 
+def _project(h, p: dict, i: int, c: Config, matmul, rms_norm):
+    """Both forms' projections: q [B, T, H, nope+rope] (one projection or the normed low-rank pair), the normed
+    latent [B, T, rank] and the shared k_pe [B, T, rope], unrotated."""
+    B, T, _ = h.shape
+    if c.mla_q_rank:
+        q = matmul(rms_norm(matmul(h, p["mla_qa"][i]), p["mla_q_norm"][i], c.mla_norm_eps), p["mla_qb"][i])
+    else:
+        q = matmul(h, p["mla_q"][i])
+    ckv = matmul(h, p["mla_kva"][i])
+    rk = c.mla_kv_rank
+    return (q.reshape(B, T, c.n_heads, c.mla_nope_dim + c.mla_rope_dim),
+            rms_norm(ckv[..., :rk], p["mla_kv_norm"][i], c.mla_norm_eps), ckv[..., rk:])
+
+
 def mla_layer(h, p: dict, i: int, c: Config, positions, rows, kc, vc, kv_round, attend, matmul, rms_norm, rotate=None):
     """One MLA layer on the normed input h [B, T, D] (the i-th MLA layer's weights): its output [B, T, D] and the
     caches (kc [B, H, S, nope+rope], vc [B, H, S, v]) with this call's keys and values written at their positions.
     attend(q, k, v, kc, vc, scale): the reference's attention over this call's keys (fresh) or the cache;
     rotate(x [B, T, heads, rope]): RoPE at this call's positions (Config.mla_rope)."""
     B, T, _ = h.shape
-    H, n, r, dv, rk = c.n_heads, c.mla_nope_dim, c.mla_rope_dim, c.mla_v_dim, c.mla_kv_rank
-    if c.mla_q_rank:
-        q = matmul(rms_norm(matmul(h, p["mla_qa"][i]), p["mla_q_norm"][i], c.mla_norm_eps), p["mla_qb"][i])
-    else:
-        q = matmul(h, p["mla_q"][i])
-    q = q.reshape(B, T, H, n + r)
-    ckv = matmul(h, p["mla_kva"][i])
-    latent, k_pe = rms_norm(ckv[..., :rk], p["mla_kv_norm"][i], c.mla_norm_eps), ckv[..., rk:]
+    H, n, r, dv = c.n_heads, c.mla_nope_dim, c.mla_rope_dim, c.mla_v_dim
+    q, latent, k_pe = _project(h, p, i, c, matmul, rms_norm)
     if c.mla_rope:
         q = jnp.concatenate([q[..., :n], rotate(q[..., n:])], axis=-1)
         k_pe = rotate(k_pe[:, :, None, :])[:, :, 0]
@@ -49,7 +57,6 @@ def mla_layer(h, p: dict, i: int, c: Config, positions, rows, kc, vc, kv_round, 
     return matmul(out, p["mla_o"][i]), kc, vc
 
 
-
 def mla_absorbed(h, p: dict, i: int, c: Config, positions, matmul, rms_norm, rotate=None):
     """The same layer in the absorbed form, over this call's T tokens from position 0 (a fresh prefill): what an
     engine caches is the normed latent and k_pe ([B, T, rank + rope], one per token, not per head), the key's
@@ -57,14 +64,8 @@ def mla_absorbed(h, p: dict, i: int, c: Config, positions, matmul, rms_norm, rot
     mla_layer in exact arithmetic; its rounding differs (no expanded K/V is ever formed), which
     tests/engines/reference/test_kimi.py measures. Returns [B, T, D]."""
     B, T, _ = h.shape
-    H, n, r, dv, rk = c.n_heads, c.mla_nope_dim, c.mla_rope_dim, c.mla_v_dim, c.mla_kv_rank
-    if c.mla_q_rank:
-        q = matmul(rms_norm(matmul(h, p["mla_qa"][i]), p["mla_q_norm"][i], c.mla_norm_eps), p["mla_qb"][i])
-    else:
-        q = matmul(h, p["mla_q"][i])
-    q = q.reshape(B, T, H, n + r)
-    ckv = matmul(h, p["mla_kva"][i])
-    latent, k_pe = rms_norm(ckv[..., :rk], p["mla_kv_norm"][i], c.mla_norm_eps), ckv[..., rk:]
+    H, n, dv, rk = c.n_heads, c.mla_nope_dim, c.mla_v_dim, c.mla_kv_rank
+    q, latent, k_pe = _project(h, p, i, c, matmul, rms_norm)
     q_nope, q_pe = q[..., :n], q[..., n:]
     if c.mla_rope:
         q_pe, k_pe = rotate(q_pe), rotate(k_pe[:, :, None, :])[:, :, 0]
