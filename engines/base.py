@@ -149,6 +149,8 @@ class Generation:
     # ids_exact is False and `text` is what the server returned, to be compared as text.
     ids_exact: bool = True
     text: str | None = None
+    # the number of tokens the server says it generated (`usage.completion_tokens`), where it says; else None
+    counted: int | None = None
 
     def track(self) -> Forced:
         """The generation as a Forced record along its own tokens (greedy: the token is the top-1)."""

@@ -17,8 +17,12 @@ Prompts go as token-id lists where the server accepts them, else as text whose t
 checked per prompt through the tokenize endpoint; without one, `prompt_not_checked` says so and
 no verdict over this engine can PASS. It never provides full-vocabulary logits or taps.
 
-Requests: engines/openai/http.py (4xx and validation errors are not retried; 5xx, timeouts,
-resets and malformed bodies are, with bounded backoff). The API key is read from the named
+Requests: engines/openai/http.py (4xx and validation errors are not retried; 5xx, refused
+connections and malformed bodies are, with bounded backoff; a generation that got no reply is never
+sent again, and a server that stopped answering is named as dead). How many requests go at once and
+how long each may take are learned from the server at the probe (probe.probe_pace): a server that
+runs one request at a time gets one at a time, and each request's deadline is sized from the
+measured tokens/s; while requests wait, the console says so ("server busy: ..."). The API key is read from the named
 environment variable and sent as a bearer token; it is never printed, logged or put in an error.
 """
 
@@ -27,8 +31,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
+import threading
+import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from engines.base import Engine, EngineOptions, Forced, Generation
@@ -38,10 +45,11 @@ from engines.openai import http, parse, probe
 from engines.openai.http import BACKOFF_S, MAX_ATTEMPTS  # noqa: F401  (re-exported for callers and tests)
 from engines.openai.probe import CANARY_PROMPT  # noqa: F401
 
-TIMEOUT_S = 300.0  # one request; a batch of 16 prompts x 256 tokens on a CPU server can take minutes
+TIMEOUT_S = 300.0  # the least a request's deadline is; the learned deadline (probe.deadline) is often longer
 ROWS_PER_REQUEST = 16  # prompts per /v1/completions call (where the server takes several)
-CONCURRENT_REQUESTS = 4  # in flight at once (the server batches what arrives together)
-ECHO_CONCURRENT = 8  # teacher-forced (echo) requests in flight at once, one prompt each
+CONCURRENT_REQUESTS = 4  # in flight at once where the server serves requests together (probe.probe_pace)
+ECHO_CONCURRENT = 8  # teacher-forced (echo) requests in flight at once, one prompt each, on such a server
+WAIT_REPORT_S = 30.0  # while requests are outstanding, the console hears about them this often
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,7 @@ class Remote:
     base_url: str  # e.g. http://127.0.0.1:8000/v1
     served_model: str | None = None
     api_key_env: str | None = None
-    timeout_s: float = TIMEOUT_S
+    timeout_s: float | None = None  # seconds per request; None: learned from the server's pace (probe.deadline)
 
 
 class OpenAIEngine(Engine):
@@ -66,7 +74,7 @@ class OpenAIEngine(Engine):
     def create(cls, model, options: EngineOptions) -> OpenAIEngine:
         x = options.extra
         try:
-            timeout = float(x.get("timeout", TIMEOUT_S))
+            timeout = float(x["timeout"]) if x.get("timeout") not in (None, "") else None
         except ValueError:
             raise ModelError(f"--timeout {x['timeout']!r}: expected seconds") from None
         remote = Remote(x["base_url"], x.get("served_model") or None, x.get("api_key_env") or None, timeout)
@@ -104,6 +112,12 @@ class OpenAIEngine(Engine):
         self.identity: dict = {}
         self.canary: dict = {}
         self._tok_cache: dict[str, list[int]] = {}
+        self.trail = http.Trail(self.root)
+        self.concurrency = 1  # requests in flight at once; probe.probe_pace raises it where the server overlaps them
+        self.tokens_per_s: float | None = None  # the server's decode pace at the probe (None: not measured)
+        self.prefill_per_s: float | None = None  # and its prefill pace (prompt tokens/s)
+        self.stops_kept = False  # the server stops at a stop string but leaves it in the text
+        self.notify = lambda msg: print(msg, file=sys.stderr, flush=True)  # console lines while requests wait
         self.model_id, self.server_info, self.findings = self._probe()
         self.usable = frozenset(self._usable())
         reported = (self.server_info.get("evalsuite") or {}).get("dtype") if isinstance(
@@ -115,13 +129,18 @@ class OpenAIEngine(Engine):
         self.capabilities = probe.capabilities(self)
 
     # ---- HTTP ------------------------------------------------------------------------------------
-    def post(self, url: str, body: dict, attempts: int = MAX_ATTEMPTS, check=None) -> dict:
-        return http.request("POST", url, body, key=self._key, timeout=self.remote.timeout_s, attempts=attempts,
-                            check=check)
+    def post(self, url: str, body: dict, attempts: int = MAX_ATTEMPTS, check=None, timeout: float | None = None,
+             resend: bool = True) -> dict:
+        return http.request("POST", url, body, key=self._key, timeout=self.remote.timeout_s or timeout or TIMEOUT_S,
+                            attempts=attempts, check=check, resend=resend, trail=self.trail)
 
     def get(self, url: str, attempts: int = MAX_ATTEMPTS, check=None) -> dict:
-        return http.request("GET", url, None, key=self._key, timeout=self.remote.timeout_s, attempts=attempts,
-                            check=check)
+        return http.request("GET", url, None, key=self._key, timeout=self.remote.timeout_s or TIMEOUT_S,
+                            attempts=attempts, check=check, trail=self.trail)
+
+    def deadline(self, body: dict) -> float:
+        """Seconds this request may take: the user's --timeout, else sized from the server's measured pace."""
+        return self.remote.timeout_s or probe.deadline(self, body)
 
     # ---- probing ---------------------------------------------------------------------------------
     def _probe(self):
@@ -146,10 +165,12 @@ class OpenAIEngine(Engine):
         if "differently" in f["tokenize"].detail:
             self.notes.append("the server's tokenizer differs from --model's: token ids are not comparable")
         self.token_prompts = probe.probe_token_prompts(self, f)  # before the probes that send prompts
-        self.batched, self.ignore_eos, self.sampling = probe.probe_request_fields(self, f)
+        self.ignore_eos, self.sampling = probe.probe_request_fields(self, f)
         canary = probe.probe_generation(self, f)
+        probe.probe_pace(self, f, canary)
         self.echo_path, self.echo_misaligned = probe.probe_echo(self, f, canary)
         self.max_context = probe.probe_extras(self, f, canary, info)
+        self.batched = probe.probe_batched(self, f)  # last: the request some servers break on
         if self.max_context:
             self.config = _with_context(self.config, min(self.config.max_context, self.max_context))
         if not self.token_prompts and self.tokenize_route is None:
@@ -239,7 +260,9 @@ class OpenAIEngine(Engine):
                 if not isinstance(c.get("text"), str) or c.get("finish_reason") not in ("stop", "length"):
                     raise ValueError("a choice without text or finish_reason (partial reply?)")
 
-        return self.post(f"{self.base}/completions", body, attempts=attempts, check=ok)
+        # a generation that got no reply is never sent again: the server may still be running it
+        return self.post(f"{self.base}/completions", body, attempts=attempts, check=ok, timeout=self.deadline(body),
+                         resend=False)
 
     def completion(self, prompt, max_tokens, logprobs, echo, ignore_eos=False, stop=(), decode_from: int | None = None,
                    logprobs_from: int | None = None):
@@ -261,9 +284,7 @@ class OpenAIEngine(Engine):
         r = self.completion_raw(body, n=len(rows))
         used = (r.get("usage") or {}).get("prompt_tokens")
         if not self.token_prompts and len(rows) == 1 and isinstance(used, int) and used != len(rows[0]):
-            raise ModelError(f"POST {self.base}/completions: the server counted {used} prompt tokens where the "
-                             f"prompt has {len(rows[0])} (does it add a BOS token?): token-level comparison is "
-                             "impossible")
+            raise ModelError(f"POST {self.base}/completions: {probe.count_mismatch(self, used, len(rows[0]))}")
         return r
 
     def tokenize(self, text: str) -> list[int]:
@@ -299,19 +320,30 @@ class OpenAIEngine(Engine):
         chunks = [list(range(s, min(s + per, len(prompts)))) for s in range(0, len(prompts), per)]
         server_stops = tuple(stop_strings) if self.capabilities.stop_strings else ()
 
+        send_stops = server_stops or (tuple(stop_strings) if self.stops_kept else ())
+
         def run(idx):
             rows = [list(map(int, prompts[i])) for i in idx]
             r = self.completion(rows if len(rows) > 1 else rows[0], max_new_tokens, k, False,
-                                ignore_eos=ignore_eos and self.ignore_eos, stop=server_stops)
+                                ignore_eos=ignore_eos and self.ignore_eos, stop=send_stops)
             choices = sorted(r["choices"], key=lambda c: c.get("index", 0))
-            gens = [parse.generation(self.tok, prompts[i], c, stop_set, top_k) for i, c in zip(idx, choices)]
+            n = parse.counted(r, len(choices))
+            if self.stops_kept and send_stops:  # it stopped at the string but kept it: cut it off here
+                cuts = [parse.drop_kept_stop(c, send_stops) for c in choices]
+                choices = [c for c, _ in cuts]
+                n = None if any(cut for _, cut in cuts) else n  # its count includes the cut-off string
+            gens = [parse.generation(self.tok, prompts[i], c, stop_set, top_k, counted=n)
+                    for i, c in zip(idx, choices)]
             if not server_stops and self.tok is not None and len(self.tok.eos_ids) == 1:
                 for g, c in zip(gens, choices):
                     parse.restore_eos(g, c, max_new_tokens, self.tok.eos_ids[0])
+            for g in gens:
+                parse.cross_check(g)
             return gens
 
-        with ThreadPoolExecutor(max_workers=CONCURRENT_REQUESTS) as pool:
-            out = [g for part in pool.map(run, chunks) for g in part]
+        tokens = [len(prompts[i]) + max_new_tokens for c in chunks for i in c]
+        out = [g for part in self._fan_out(run, chunks, self.concurrency, sum(tokens) // max(len(chunks), 1))
+               for g in part]
         if stop_check is not None:
             for g in out:
                 for j in range(1, len(g.token_ids) + 1):
@@ -343,10 +375,53 @@ class OpenAIEngine(Engine):
                                  f"logprobs for {len(seq)} prompt tokens")
             return Forced(*parse.echo_rows(self.tok, lp, len(p), seq, k))
 
-        # one echo request per prompt (the API's echo takes one prompt), ECHO_CONCURRENT in flight: a server
-        # that batches concurrent requests (evalsuite serve does) scores them in one engine call
-        with ThreadPoolExecutor(max_workers=ECHO_CONCURRENT) as pool:
-            return list(pool.map(one, zip(prompts, continuations)))
+        # one echo request per prompt (the API's echo takes one prompt), ECHO_CONCURRENT in flight where the server
+        # overlaps requests: one that batches concurrent requests (evalsuite serve does) scores them in one call
+        pairs = list(zip(prompts, continuations))
+        workers = ECHO_CONCURRENT if self.concurrency > 1 else 1
+        return self._fan_out(one, pairs, workers, sum(len(p) + len(x) for p, x in pairs) // max(len(pairs), 1))
+
+    def _fan_out(self, fn, items: list, workers: int, tokens_each: int) -> list:
+        """fn over items, `workers` requests in flight; every WAIT_REPORT_S while some are outstanding the console
+        hears how many are answered, running and queued, and how long the slowest has run. The first error stops
+        the rest (those not yet sent are never sent) and is raised."""
+        if len(items) <= 1:
+            return [fn(x) for x in items]
+        started: dict[int, float] = {}
+        lock = threading.Lock()
+
+        def job(i):
+            with lock:
+                started[i] = time.monotonic()
+            try:
+                return fn(items[i])
+            finally:
+                with lock:
+                    started.pop(i, None)
+
+        pool = ThreadPoolExecutor(max_workers=max(1, workers))
+        futs = {pool.submit(job, i): i for i in range(len(items))}
+        results: list = [None] * len(items)
+        pending, last = set(futs), time.monotonic()
+        try:
+            while pending:
+                done, pending = wait(pending, timeout=WAIT_REPORT_S, return_when=FIRST_COMPLETED)
+                for f in done:
+                    results[futs[f]] = f.result()
+                if pending and time.monotonic() - last >= WAIT_REPORT_S:
+                    last = time.monotonic()
+                    with lock:
+                        running = sorted(started.values())
+                    self.notify(probe.busy_line(self, len(items) - len(pending), len(items), len(running),
+                                                len(pending) - len(running),
+                                                last - running[0] if running else 0.0, tokens_each))
+        except BaseException:
+            for f in pending:
+                f.cancel()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        return results
 
 
 def _with_context(c: Config, n: int) -> Config:

@@ -53,8 +53,9 @@ def generated_ids(tok, ch: dict) -> tuple[list[int], str, int]:
     return ids, "text", len(ids) if "\ufffd" not in text else len(prefix)
 
 
-def generation(tok, prompt, ch: dict, stop_set: set[int], k: int) -> Generation:
-    """A choice of a /v1/completions reply as a Generation (ids cut after the first stop id)."""
+def generation(tok, prompt, ch: dict, stop_set: set[int], k: int, counted: int | None = None) -> Generation:
+    """A choice of a /v1/completions reply as a Generation (ids cut after the first stop id). counted: the
+    server's own `usage.completion_tokens` for this choice, where the reply gives it for one choice."""
     ids, how, exact_n = generated_ids(tok, ch)
     lp = ch.get("logprobs") or {}
     tl = lp.get("token_logprobs")
@@ -63,7 +64,7 @@ def generation(tok, prompt, ch: dict, stop_set: set[int], k: int) -> Generation:
         top_lp = np.full((n, k), np.nan, np.float32)
         top_lp[:, 0] = [np.nan if x is None else float(x) for x in (tl or [])]
         return Generation(list(map(int, prompt)), ids, np.full((n, k), -1, np.int64), top_lp,
-                          ch.get("finish_reason") or "length", ids_exact=False, text=ch["text"])
+                          ch.get("finish_reason") or "length", ids_exact=False, text=ch["text"], counted=counted)
     n = len(ids)
     top_ids = np.full((n, k), -1, np.int64)
     top_lp = np.full((n, k), np.nan, np.float32)
@@ -75,7 +76,26 @@ def generation(tok, prompt, ch: dict, stop_set: set[int], k: int) -> Generation:
         top_ids[:, 0] = ids
     cut = next((j + 1 for j, t in enumerate(ids) if t in stop_set), n)
     finish = "stop" if cut < n or (ids and ids[-1] in stop_set) or ch.get("finish_reason") == "stop" else "length"
-    return Generation(list(map(int, prompt)), ids[:cut], top_ids[:cut], top_lp[:cut], finish)
+    return Generation(list(map(int, prompt)), ids[:cut], top_ids[:cut], top_lp[:cut], finish, counted=counted,
+                      text=ch.get("text") if how == "text" else None)
+
+
+def cross_check(g: Generation) -> None:
+    """Ids re-tokenized from text are trusted only where their number is the server's own count (where it gives
+    one): a server that strips special tokens from its text, or whose text re-tokenizes differently, would
+    otherwise be judged on ids it never generated. Where the counts differ the generation is compared as text."""
+    if g.counted is None or g.text is None or not g.ids_exact or g.counted == len(g.token_ids):
+        return
+    g.ids_exact = False
+    n = len(g.token_ids)
+    g.top_ids, g.top_logprobs = np.full((n, 1), -1, np.int64), np.full((n, 1), np.nan, np.float32)
+
+
+def counted(reply: dict, n_choices: int) -> int | None:
+    """The server's `usage.completion_tokens` when the reply holds one choice (a sum over several says nothing
+    about each); None when absent."""
+    used = (reply.get("usage") or {}).get("completion_tokens")
+    return used if n_choices == 1 and isinstance(used, int) and not isinstance(used, bool) and used >= 0 else None
 
 
 def restore_eos(g: Generation, ch: dict, max_new_tokens: int, eos: int) -> None:
@@ -102,3 +122,15 @@ def echo_rows(tok, lp: dict, start: int, seq: list[int], k: int):
         for m, (a, b) in enumerate((rows[t] if len(rows) > t and rows[t] else [])[:k]):
             ti[j, m], tv[j, m] = a, b
     return np.array([float(tl[t]) for t in range(start, len(seq))]), ti, tv
+
+
+def drop_kept_stop(ch: dict, stops) -> tuple[dict, bool]:
+    """A choice from a server that stops at a stop string but leaves it at the end of its text (transformers
+    serve): (the choice with the stop string cut off, as the API defines it; whether anything was cut)."""
+    text = ch.get("text")
+    if ch.get("finish_reason") != "stop" or not isinstance(text, str):
+        return ch, False
+    for s in stops:
+        if s and text.endswith(s):
+            return {**ch, "text": text[:-len(s)]}, True
+    return ch, False

@@ -7,7 +7,9 @@ probe sends a handful of small requests (optional features are tried once, witho
                    local tokenizer of --model on a text with digits, accents and a control token
   token_prompts    prompts as token-id lists (else text, each prompt's tokenization checked
                    through the tokenize endpoint, or reported unchecked)
-  batched_prompts  several prompts in one request (else one request per prompt)
+  batched_prompts  several prompts in one request (else one request per prompt); asked last
+  pace             tokens/s decoding one request (and prefilling), and whether two requests at once
+                   overlap: how many the client sends at once and each request's deadline
   ignore_eos       vLLM's extension to run past end-of-turn (diff decodes exactly N tokens)
   neutral_sampling repetition/frequency/presence penalties pinned to their neutral values
                    (llama.cpp's server applies repeat_penalty 1.1 unless told otherwise)
@@ -19,7 +21,7 @@ probe sends a handful of small requests (optional features are tried once, witho
                    (a known continuation scored both ways); misaligned echo is named as such
   echo_path        which path the server says its echo logprobs come from (evalsuite serve: decode)
   chat             POST /v1/chat/completions answers
-  stop_strings     a stop string is honoured (the text ends before it)
+  stop_strings     a stop string is honoured (the text ends before it; or it stops there and keeps it)
   max_context      the server's context length, where it tells
 """
 
@@ -81,20 +83,23 @@ def probe_tokenize(eng) -> tuple[tuple | None, Finding]:
     return None, Finding(False, "no tokenize endpoint at " + ", ".join(sorted({p for p, _ in TOKENIZE_ROUTES})))
 
 
-def _try(eng, body) -> tuple[dict | None, str]:
-    """A completion that may be refused: (reply, "") or (None, why). A 5xx is retried as always, so a
-    flaky server is not mistaken for one without the feature; a 4xx or validation error is final."""
+def _try(eng, body, attempts: int | None = None) -> tuple[dict | None, str]:
+    """A completion that may be refused: (reply, "") or (None, why). A 5xx is retried as always (unless
+    attempts=1), so a flaky server is not mistaken for one without the feature; a 4xx or validation error is
+    final. A server that stopped answering is not a refusal: that error is raised."""
     try:
-        return eng.completion_raw(body), ""
+        return (eng.completion_raw(body) if attempts is None else eng.completion_raw(body, attempts=attempts)), ""
     except ModelError as e:
+        if "has stopped answering" in str(e):
+            raise
         return None, str(e).split(": ", 1)[-1]
 
 
-PROBE_TEXT = "The probe"
+PROMPT_TEXT = "The probe"  # the short prompt of the request-field probes
 
 
 def _probe_ids(eng) -> list[int]:
-    return eng.tok.encode(PROBE_TEXT) if eng.tok else [1, 2]
+    return eng.tok.encode(PROMPT_TEXT) if eng.tok else [1, 2]
 
 
 def probe_token_prompts(eng, f: dict) -> bool:
@@ -105,16 +110,26 @@ def probe_token_prompts(eng, f: dict) -> bool:
     return r is not None
 
 
-def probe_request_fields(eng, f: dict) -> tuple[bool, bool, dict]:
-    """(several prompts per request, ignore_eos accepted, the sampling fields pinned neutral), in the prompt
-    form the client already chose."""
+def probe_batched(eng, f: dict) -> bool:
+    """Several prompts per request. Asked last and once: llama-cpp-python's server answers a list of prompts with
+    an assertion (HTTP 500), and a server that breaks on it should break after everything else is known, with
+    the request named. A 5xx here is followed by asking whether the server still answers at all."""
     ids = _probe_ids(eng)
     two = [eng.wire_prompt(ids), eng.wire_prompt(ids[:1])]
-    r, why = _try(eng, {"prompt": two, "max_tokens": 1})
+    r, why = _try(eng, {"prompt": two, "max_tokens": 1}, attempts=1)
     ok = r is not None and len(r.get("choices") or []) == 2
     f["batched_prompts"] = Finding(ok, "several prompts per request" if ok else
                                    f"one prompt per request ({why or 'the reply had the wrong number of choices'})")
-    batched = ok
+    if r is None and "HTTP 5" in why:
+        dead = eng.trail.dead(eng._key)
+        if dead is not None:
+            raise ModelError(eng.trail.dead_message("the probe's list-of-prompts completion", why, dead))
+    return ok
+
+
+def probe_request_fields(eng, f: dict) -> tuple[bool, dict]:
+    """(ignore_eos accepted, the sampling fields pinned neutral), in the prompt form the client already chose."""
+    ids = _probe_ids(eng)
     r, why = _try(eng, {"prompt": eng.wire_prompt(ids), "max_tokens": 1, "ignore_eos": True})
     ignore_eos = r is not None
     f["ignore_eos"] = Finding(r is not None, "ignore_eos accepted (if not honoured, generations end at end-of-turn)"
@@ -125,7 +140,7 @@ def probe_request_fields(eng, f: dict) -> tuple[bool, bool, dict]:
     f["neutral_sampling"] = Finding(r is not None, ("penalties pinned neutral: " + ", ".join(NEUTRAL_SAMPLING))
                                     if r is not None else f"server-specific penalty fields refused ({why}); "
                                     "only frequency/presence_penalty pinned to 0")
-    return batched, ignore_eos, sampling
+    return ignore_eos, sampling
 
 
 def probe_generation(eng, f: dict) -> dict:
@@ -239,19 +254,25 @@ def probe_extras(eng, f: dict, canary: dict, listed: dict) -> int | None:
         f["chat"] = Finding(ok, "POST /v1/chat/completions answers" if ok else "chat reply without a message")
     except ModelError as e:
         f["chat"] = Finding(False, f"no chat endpoint ({str(e).split(': ', 1)[-1]})")
-    text, ids = canary.get("text") or "", canary["ids"]
+    text = canary.get("text") or ""
     stop = None
-    if eng.tok is not None and len(ids) >= 4:
-        piece = eng.tok.decode(ids[2:4]).strip()
-        if piece and text.find(piece) > 0:
-            stop = piece
+    # a piece of the canary's own text, after its start and first seen where it stands, as the stop string
+    for size in (3, 2, 1):
+        stop = next((text[k:k + size] for k in range(max(1, len(text) // 3), len(text) - size + 1)
+                     if text[k:k + size].strip() == text[k:k + size] and "\ufffd" not in text[k:k + size]
+                     and text.find(text[k:k + size]) == k), None)
+        if stop:
+            break
     if stop is None:
         f["stop_strings"] = Finding(None, "not checked: the canary text offers no stop string")
     else:
         r, why = _try(eng, {**eng.body(canary["prompt"], CANARY_TOKENS), "stop": [stop]})
         got = ((r or {}).get("choices") or [{}])[0].get("text")
         ok = got == text[:text.find(stop)]
+        eng.stops_kept = not ok and got == text[:text.find(stop) + len(stop)]
         f["stop_strings"] = Finding(ok, "honoured (the text ends before the stop string)" if ok else
+                                    "the server stops at a stop string but keeps it in its text: they are sent, "
+                                    "and the client cuts the string off" if eng.stops_kept else
                                     f"not honoured ({why or f'text {got!r}'}): stop strings are applied by the client")
     n = listed.get("max_model_len")
     if not isinstance(n, int):
@@ -280,3 +301,109 @@ def capabilities(eng) -> Capabilities:
         runs_past_eos=False,  # ignore_eos accepted is not ignore_eos honoured (llama.cpp accepts and ignores it)
         blocking=tuple(eng.prompt_not_checked), forced_blocking=tuple(eng.echo_not_checked),
         notes=tuple(eng.notes), findings=tuple((k, v.ok, v.detail) for k, v in f.items()))
+
+
+# ---- pace: how many requests at once, how long each may take ------------------------------------------------
+# Two identical requests sent together take at least this many times one alone on a server that runs one
+# request at a time (2.0 ideally; transformers serve and llama-cpp-python measured 1.9-2.1 with smollm2 here),
+# and about 1.0 on one that batches them (evalsuite serve); between the two, it is not treated as overlapping.
+SERIAL_RATIO = 1.5
+# Below this a pair is too quick for the ratio to mean anything (timer and loopback noise); such a server is fast
+# enough that a few queued requests cost nothing.
+PACE_MIN_S = 0.2
+# Pairs sent, the fastest kept: evalsuite serve compiles on a new batch shape, and its first pair of a mini model
+# measured 88x one request, the second 1.1x.
+PACE_PAIRS = 2
+PACE_PROMPT_REPEAT = 24  # the canary prompt this many times over: a prefill pace on about 200 tokens
+# A request's deadline: this many times the time the server's measured pace says it needs (prefill + decode of
+# every prompt in it), plus PACE_SLACK_S, and never under the client's TIMEOUT_S. Generous on purpose: a request
+# that passes it is not sent again, so a deadline that is too short loses work; one too long only waits.
+DEADLINE_FACTOR = 4.0
+PACE_SLACK_S = 30.0
+CHARS_PER_TOKEN = 3.0  # a text prompt's token count, estimated on the long side (English BPE: about 4)
+
+
+def probe_pace(eng, f: dict, canary: dict) -> None:
+    """The server's decode and prefill pace and whether it overlaps requests: the canary again (warm), a long
+    prompt for one token, then the canary twice at once. Sets eng.tokens_per_s, eng.prefill_per_s and
+    eng.concurrency."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    body = eng.body(canary["prompt"], CANARY_TOKENS)
+    t = time.monotonic()
+    r = eng.completion_raw(body)
+    one = time.monotonic() - t
+    made = parse.counted(r, 1) or len(canary["ids"]) or CANARY_TOKENS
+    eng.tokens_per_s = made / max(one, 1e-3)
+    long_ids = list(canary["prompt"]) * PACE_PROMPT_REPEAT
+    try:
+        t = time.monotonic()
+        eng.completion_raw(eng.body(long_ids, 1))
+        eng.prefill_per_s = len(long_ids) / max(time.monotonic() - t, 1e-3)
+    except ModelError:  # a server with a short context, or a prompt that does not survive as text
+        eng.prefill_per_s = None
+    two = float("inf")
+    for _ in range(PACE_PAIRS):  # the fastest pair: the first may pay for a new batch shape (a JIT compile)
+        t = time.monotonic()
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            list(pool.map(lambda _: eng.completion_raw(body), range(2)))
+        two = min(two, time.monotonic() - t)
+    from engines.openai.client import CONCURRENT_REQUESTS
+
+    serial = two >= PACE_MIN_S and two >= SERIAL_RATIO * one
+    eng.concurrency = 1 if serial else CONCURRENT_REQUESTS
+    pre = f", prefill about {eng.prefill_per_s:.0f} tokens/s" if eng.prefill_per_s else ""
+    f["pace"] = Finding(True, f"about {eng.tokens_per_s:.1f} tokens/s decoding one request{pre}; two requests at once "
+                              f"took {two / max(one, 1e-3):.1f}x one: "
+                        + ("it runs one at a time, so the client sends one at a time" if serial else
+                           f"it overlaps them, so the client sends up to {eng.concurrency} at once"))
+
+
+def _prompt_tokens(p) -> int:
+    if isinstance(p, str):
+        return int(len(p) / CHARS_PER_TOKEN) + 1
+    if isinstance(p, list) and p and isinstance(p[0], (list, str)):
+        return sum(_prompt_tokens(x) for x in p)
+    return len(p) if isinstance(p, list) else 1
+
+
+def deadline(eng, body: dict) -> float:
+    """Seconds a completion may take before it is given up (never sent again): from the pace measured at the
+    probe; the client's TIMEOUT_S until the pace is known."""
+    from engines.openai.client import TIMEOUT_S
+
+    if not getattr(eng, "tokens_per_s", None):
+        return TIMEOUT_S
+    p = body.get("prompt")
+    rows = len(p) if isinstance(p, list) and p and isinstance(p[0], (list, str)) else 1
+    prefill = getattr(eng, "prefill_per_s", None) or eng.tokens_per_s
+    need = _prompt_tokens(p) / prefill + rows * max(int(body.get("max_tokens") or 0), 1) / eng.tokens_per_s
+    return max(TIMEOUT_S, DEADLINE_FACTOR * need + PACE_SLACK_S)
+
+
+def _dur(s: float) -> str:
+    return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min"
+
+
+def busy_line(eng, answered: int, total: int, running: int, queued: int, slowest: float, tokens_each: int) -> str:
+    """The console's line while requests wait: "server busy: 2 of 5 answered, 1 running, 2 queued here; slowest
+    4.1 min (about 40 s each at the probe's pace)"."""
+    pace = (f" (about {_dur(tokens_each / eng.tokens_per_s)} each at the probe's {eng.tokens_per_s:.1f} tokens/s)"
+            if getattr(eng, "tokens_per_s", None) else "")
+    return (f"server busy: {answered} of {total} requests answered, {running} running, {queued} queued here; "
+            f"slowest running for {_dur(slowest)}{pace}")
+
+
+def count_mismatch(eng, used: int, n: int) -> str:
+    """Why a server's prompt-token count differs from --model's tokenization, said as the evidence allows."""
+    tokenize = eng.findings.get("tokenize") if isinstance(getattr(eng, "findings", None), dict) else None
+    if tokenize is not None and tokenize.ok and "differently" in tokenize.detail:
+        why = "its tokenizer differs from --model's (the probe's tokenize check says so)"
+    elif used == n + 1:
+        why = "one more: does it add a BOS token?"
+    else:
+        why = (f"it tokenizes differently from --model's tokenizer: is it serving another model than --model? "
+               f"(it serves {eng.model_id!r})")
+    return (f"the server counted {used} prompt tokens where --model's tokenizer makes {n} ({why}): token-level "
+            "comparison is impossible")

@@ -272,12 +272,20 @@ class EngineLM(TemplateLM):
 
                 def done(j: int, g, chunk=chunk, until=until, extra=None) -> None:
                     i = chunk[j]
-                    text = visible_text(self.model.tokenizer, g.token_ids)
+                    tok = self.model.tokenizer
+                    # a server's own text where its ids could not be recovered from it (compare/text.py)
+                    text = g.text if not g.ids_exact and g.text is not None else visible_text(tok, g.token_ids)
                     out[i], hit = cut_at_stop(text, until)
                     finish = "stop" if hit or g.finish_reason == "stop" else "length"
                     if self.journal:
+                        # the server's own token count where it gives one (re-tokenized text can count otherwise);
+                        # the response without special tokens, which text-only servers strip
+                        counts = {"generated_tokens": g.counted if g.counted is not None else len(g.token_ids)}
+                        if g.counted is not None and g.counted != len(g.token_ids):
+                            counts["retokenized_tokens"] = len(g.token_ids)
                         self.journal.add([{"key": keys[i], "kind": "gen", "result": out[i], "finish_reason": finish,
-                                           "generated_tokens": len(g.token_ids), "raw": text,
+                                           **counts, "raw": text,
+                                           "response_plain": tok.decode(tok.encode(out[i]), skip_special=True),
                                            **_tokens_record(g), **(extra or {})}])
                     tally.add(judge_generation(docs[i], out[i]))
                     bar.set_postfix(tally.postfix(), refresh=False)

@@ -148,7 +148,8 @@ def _versus_main(eg: Generation, main: Generation | None) -> dict | None:
     n = len(eg.token_ids)
     same = list(main.token_ids[:n]) == list(eg.token_ids)
     a, b = np.asarray(eg.top_logprobs, np.float64), np.asarray(main.top_logprobs, np.float64)[:n]
-    d = float(np.nanmax(np.abs(a - b))) if same and a.size and a.shape == b.shape else None
+    both = ~(np.isnan(a) | np.isnan(b)) if same and a.size and a.shape == b.shape else None
+    d = float(np.max(np.abs(a - b)[both])) if both is not None and both.any() else None
     return {"tokens_identical": same, "max_dlogprob": d}
 
 
@@ -159,7 +160,8 @@ def _judge_row(i: int, eg: Generation, n: int, call: str, lists, tol, tok, secon
     how = text.resolve(tok, tracks[i][:n], eg, prefix=True)
     if how == "unresolved":
         return {"id": ids[i], "call": call, "compared_as": how, "real_positions": [],
-                "note": "no token ids and text that is not valid UTF-8: not judged"}
+                "note": "no token ids, and text that differs from the reference's and cannot be turned back into "
+                        "ids: not judged"}
     rec = rule.compare_prompt(tracks[i][:n], cut(refs[i], n), None, eg, tol, ends=True)
     if rec["real_positions"] and second_look is not None:
         rec = second_look(prompts[i], tracks[i][:n], cut(refs[i], n), eg, rec)

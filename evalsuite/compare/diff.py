@@ -204,8 +204,9 @@ def _main_group(run: _Run, idx: list[int]) -> None:
     for i, rg, eg, fo, rl, how in zip(idx, rgen, egen, forced, rec, text_only):
         pid = run.encoded[i][0].id
         if how == "unresolved":  # the server's text differs and its ids cannot be recovered: not judged
-            run.not_checked.append(f"prompt {pid}: the server returned no token ids and its text is not "
-                                "valid UTF-8, so where it differs from the reference's cannot be located in tokens")
+            run.not_checked.append(f"prompt {pid}: the server returned no token ids and its text differs from the "
+                                "reference's, and cannot be turned back into its own ids (not valid UTF-8, or not "
+                                "the token count the server reported): the difference cannot be located in tokens")
             eg = rg  # placeholder so the record's shape holds; counted as not checked above
         track = rg.track()
         rec = rule.compare_prompt(rg.token_ids, track, fo, eg, tol, eos_ids=eos_ids)
@@ -217,7 +218,11 @@ def _main_group(run: _Run, idx: list[int]) -> None:
             run.under16.append(len(r16["real_positions"]))
         if how is not None:
             rec["compared_as"] = how
-        if how == "text" and np.isnan(np.asarray(eg.top_logprobs, float)).all():
+        if how == text.TEXT_NO_SPECIAL:
+            run.not_checked.append(f"prompt {pid}: matched as text without special tokens (the server strips them from "
+                                "its text; their number is the server's own count): which special token it "
+                                "generated is unseen")
+        if how in (text.TEXT, text.TEXT_NO_SPECIAL) and np.isnan(np.asarray(eg.top_logprobs, float)).all():
             run.not_checked.append(f"prompt {pid}: matched as text only; the server's logprobs for it do "
                                 "not line up with the reference's tokens, so none were compared")
         if rl is not None and caps.logits and fo is not None:  # the bf16 logit-scale check (rule.SCALE)
@@ -258,8 +263,8 @@ def _batching_part(run: _Run, progress: Callable[[str], None]) -> dict:
         if row.get("routing_note"):  # real positions at routing near-ties: not judged, so no PASS on them
             run.not_checked.append(f"batching part, prompt {row['id']}: {row['routing_note']}")
     if rec["unresolved"]:
-        run.not_checked.append(f"batching part: {len(rec['unresolved'])} prompts came back as text that is not valid "
-                            "UTF-8 and differs from the reference's: not judged")
+        run.not_checked.append(f"batching part: {len(rec['unresolved'])} prompts came back as text that differs from "
+                            "the reference's and cannot be turned back into token ids: not judged")
     return {"run": True, **rec}
 
 
@@ -359,12 +364,18 @@ def _verdict(run: _Run, part: dict, paths: dict, own: dict | None, t0: float,
                       deterministic=measured["deterministic"], seconds=out.pop("seconds"), details=out)
 
 
+def _mean_of(xs) -> float | None:
+    """The mean of the values measured; None (not measured) when there are none."""
+    v = [x for x in xs if x is not None]
+    return float(np.mean(v)) if v else None
+
+
 def _figures(run: _Run, real: int, benign: int) -> dict:
     """The main part's headline figures and the tolerances they were judged by."""
     spec, caps, per_prompt, tol = run.spec, run.caps, run.per_prompt, run.tol
     summary = {"max_dlogprob": metrics.summary(r["tf"]["max_dlogprob"] for r in per_prompt
                                                if r["tf"]["max_dlogprob"] is not None),
-               "argmax_agreement": float(np.mean([r["tf"]["argmax_agreement"] for r in per_prompt]))}
+               "argmax_agreement": _mean_of([r["tf"]["argmax_agreement"] for r in per_prompt])}
     if caps.logits and caps.forced:  # |Δlogit| and KL exist only where the engine was teacher-forced
         summary |= {"max_dlogit": metrics.summary(r["tf"]["max_dlogit"] for r in per_prompt
                                                   if r["tf"]["max_dlogit"] is not None),

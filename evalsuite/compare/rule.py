@@ -210,7 +210,8 @@ def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generati
                    "dlogprob": None if dlp is None else [float(x) for x in dlp],
                    "max_dlogprob": _nanmax(np.concatenate([dlp if dlp is not None else [], gen_d])),
                    "dlogprob_generated": [float(x) for x in gen_d],
-                   "argmax_agreement": float(agree.mean()) if arg is not None else float(upto / max(n, 1))},
+                   # the engine's argmax along the reference's tokens: only where it was teacher-forced
+                   "argmax_agreement": float(agree.mean()) if arg is not None else None},
             }, matched, drift)
 
 

@@ -1,22 +1,41 @@
-"""A server that returns text without token ids: where its text is not valid UTF-8 (a byte-level token cut
-mid-character) its ids cannot be rebuilt, and it is compared as text."""
+"""A server that returns text without token ids, whose text could not be turned back into its own ids (not valid
+UTF-8: a byte-level token cut mid-character; or re-tokenized to a count other than the server's own `usage`),
+is compared as text: with the judge's text, and where the server strips special tokens from its text (transformers
+serve does), with the judge's text without them, the server's token count standing in for what was stripped."""
 
 from __future__ import annotations
 
 import numpy as np
 
+# how a generation was matched (None: by its own token ids)
+TEXT = "text"  # the server's text is the judge's text for the judge's tokens
+TEXT_NO_SPECIAL = "text without special tokens"  # equal once the judge's special tokens are dropped, count equal
+UNRESOLVED = "unresolved"
+
 
 def resolve(tok, tokens: list[int], eg, prefix: bool = False) -> str | None:
-    """None when the engine's ids are its own; else "text" when its text equals the judge's for tokens (its ids
-    are then set to tokens), or "unresolved" when it differs. prefix: the generation was cut by a stop check the
-    server never saw (the batching part's staggered stops), so its text may run on past the judge's."""
+    """None when the engine's ids are its own; else TEXT or TEXT_NO_SPECIAL when its text matches the judge's for
+    tokens (its ids are then set to tokens), or UNRESOLVED when it differs. prefix: the generation was cut by a stop
+    check the server never saw (the batching part's staggered stops), so its text may run on past the judge's."""
     if eg.ids_exact:
         return None
-    want = tok.decode(list(tokens)) if tok is not None else None
-    if want is not None and (eg.text == want or (prefix and eg.text.startswith(want))):
-        n = len(tokens)
-        eg.token_ids, eg.ids_exact = list(tokens), True
-        if len(eg.top_logprobs) != n:  # the server's per-token logprobs do not line up: drop them
-            eg.top_logprobs = np.full((n, 1), np.nan, np.float32)
-        return "text"
-    return "unresolved"
+    if tok is None:
+        return UNRESOLVED
+
+    def same(want: str) -> bool:
+        return eg.text == want or (prefix and eg.text.startswith(want))
+
+    how = None
+    if same(tok.decode(list(tokens))):
+        how = TEXT
+    elif same(tok.decode(list(tokens), skip_special=True)) and (
+            getattr(eg, "counted", None) is None or prefix or eg.counted == len(tokens)):
+        how = TEXT_NO_SPECIAL  # the special tokens' identity is unseen; their number is the server's count
+    if how is None:
+        return UNRESOLVED
+    n = len(tokens)
+    eg.token_ids, eg.ids_exact = list(tokens), True
+    if len(eg.top_logprobs) != n:  # the server's per-token logprobs do not line up: drop them
+        eg.top_logprobs = np.full((n, 1), np.nan, np.float32)
+        eg.top_ids = np.full((n, 1), -1, np.int64)
+    return how

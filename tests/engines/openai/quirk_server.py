@@ -11,6 +11,16 @@ Each quirk was seen on llama-cpp-python 0.3.36's server serving the SmolLM2 GGUF
 and two that other servers have:
   no_tokenize        no tokenize endpoint at all (OpenAI's own API)
   strict_schema_500  any field outside OpenAI's completion schema is a validation error as HTTP 500
+Those of transformers serve 5.24.0 (established with curl, interop/README.md; TSERVE is the set):
+  text_only          a token-id prompt or a list of prompts is HTTP 400 "prompt must be a string."
+  no_logprobs        `logprobs` and `echo` are ignored: no logprobs in any reply
+  strict_schema_422  any field outside OpenAI's completion schema is HTTP 422 "Unexpected fields"
+  strips_special     the text is decoded with special tokens removed
+  keeps_stop         it stops at a stop string but leaves the string in its text
+  serial             one request at a time, each taking at least SERIAL_S (one inference thread)
+and a crash (llama.cpp's server segfaulted in llama_decode):
+  dies               set_dies(n): the n-th completion from now gets no reply, and the server stops
+                     listening (every later connection is refused)
 Every request is logged (path, status, body) so a test can prove nothing refused was retried.
 """
 
@@ -22,8 +32,12 @@ import threading
 import time
 
 QUIRKS = ("no_token_prompts", "single_prompt", "no_token_ids", "misaligned_echo", "extras_tokenize", "no_tokenize",
-          "strict_schema_500")
+          "strict_schema_500", "text_only", "no_logprobs", "strict_schema_422", "strips_special", "keeps_stop",
+          "serial")
 LLAMA_CPP = frozenset({"no_token_prompts", "single_prompt", "no_token_ids", "misaligned_echo", "extras_tokenize"})
+TSERVE = frozenset({"text_only", "no_token_ids", "no_logprobs", "no_tokenize", "strict_schema_422", "strips_special",
+                    "keeps_stop", "serial"})
+SERIAL_S = 0.25  # the least a completion takes on the `serial` quirk: two at once then take 0.5 s or more
 OPENAI_FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stream", "logprobs", "echo", "stop",
                  "presence_penalty", "frequency_penalty", "best_of", "logit_bias", "user", "suffix", "seed"}
 
@@ -37,11 +51,16 @@ def _validation_500(field: str, kind: str, msg: str, value) -> tuple[int, dict]:
 class Quirks:
     """ASGI layer over the serve app: rewrites requests and replies per the quirks asked for."""
 
-    def __init__(self, app, quirks):
+    def __init__(self, app, quirks, tokenizer=None):
+        import asyncio
+
         unknown = set(quirks) - set(QUIRKS)
         assert not unknown, f"unknown quirks {unknown}"
-        self.app, self.q = app, frozenset(quirks)
+        self.app, self.q, self.tok = app, frozenset(quirks), tokenizer
         self.log: list[tuple[str, int, str, str]] = []  # path, status, request body, reply body
+        self.lock = asyncio.Lock()  # the `serial` quirk's one inference thread
+        self.die_in: int | None = None  # completions until the crash (set_dies)
+        self.on_death = None  # called when the server "crashes" (QuirkServer stops listening)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -53,9 +72,28 @@ class Quirks:
             more = m.get("more_body", False)
         path = scope["path"]
         req = json.loads(raw) if raw else None
+        if path == "/v1/completions" and self.die_in is not None:
+            self.die_in -= 1
+            if self.die_in <= 0:  # the crash: no reply to this request, and nothing listens any more
+                self.log.append((path, 0, raw.decode(), "(died)"))
+                self.on_death()
+                import asyncio
+
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:  # the shutdown: the connection drops without a reply
+                    return
         early, path2, req2 = self.before(path, req)
         if early is None:
-            status, out = await self._inner(scope, path2, req2)
+            if "serial" in self.q and path == "/v1/completions":
+                import asyncio
+
+                async with self.lock:
+                    t = asyncio.get_running_loop().time()
+                    status, out = await self._inner(scope, path2, req2)
+                    await asyncio.sleep(max(0.0, SERIAL_S - (asyncio.get_running_loop().time() - t)))
+            else:
+                status, out = await self._inner(scope, path2, req2)
             status, out = self.after(path, req, status, out)
         else:
             status, out = early
@@ -95,6 +133,16 @@ class Quirks:
             if path == "/extras/tokenize":
                 return None, "/tokenize", {"prompt": (req or {}).get("input")}
         if path == "/v1/completions" and isinstance(req, dict):
+            if "strict_schema_422" in q:
+                extra = sorted(set(req) - OPENAI_FIELDS)
+                if extra:
+                    return (422, {"error": {"message": f"Unexpected fields in the request: {set(extra)}",
+                                            "type": "invalid_request_error"}}), path, req
+            if "keeps_stop" in q and req.get("stop"):  # it generates on; after() cuts after the stop string
+                req = {k: v for k, v in req.items() if k != "stop"}
+            if "text_only" in q and not isinstance(req.get("prompt"), str):
+                return (400, {"error": {"message": "prompt must be a string.", "type": "invalid_request_error"}}), \
+                    path, req
             if "strict_schema_500" in q:
                 extra = sorted(set(req) - OPENAI_FIELDS)
                 if extra:
@@ -112,6 +160,22 @@ class Quirks:
         q = self.q
         if status != 200 or not isinstance(out, dict):
             return status, out
+        if path == "/v1/completions":
+            for ch in out.get("choices", []):
+                ids = ch.get("token_ids")
+                if "strips_special" in q and isinstance(ids, list) and self.tok is not None:
+                    ch["text"] = self.tok.decode(ids, skip_special=True)
+                if "keeps_stop" in q and (req or {}).get("stop"):  # generated without stops (before): cut here
+                    stops = req["stop"] if isinstance(req["stop"], list) else [req["stop"]]
+                    hits = [(ch["text"].find(s), s) for s in stops if s and s in ch["text"]]
+                    if hits:
+                        at, s = min(hits)
+                        ch["text"], ch["finish_reason"] = ch["text"][:at + len(s)], "stop"
+                if "no_logprobs" in q:
+                    ch.pop("logprobs", None)
+                    ch["logprobs"] = None
+            if "no_logprobs" in q and (req or {}).get("echo"):
+                out.pop("evalsuite", None)
         if "no_token_ids" in q:
             out.pop("evalsuite", None)
             out.pop("prompt_token_ids", None)
@@ -146,7 +210,8 @@ class QuirkServer:
         eng = make_engine(engine, model, dtype, fault)
         info = {"engine": engine, "dtype": dtype, "fault": fault, "weights_sha256": model.weights.sha256,
                 "fingerprint": eng.fingerprint, "echo_path": "decode"}
-        self.app = Quirks(build_app(eng, model, model.name, info), quirks)
+        self.app = Quirks(build_app(eng, model, model.name, info), quirks, model.tokenizer)
+        self.app.on_death = self._die
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -170,6 +235,16 @@ class QuirkServer:
     def __exit__(self, *exc):
         self.server.should_exit = True
         self.thread.join(timeout=20)
+
+    def set_dies(self, n: int) -> None:
+        """The n-th completion request from now is the one the server dies on (no reply; nothing listens after)."""
+        self.app.die_in = n
+
+    def _die(self) -> None:
+        for server in getattr(self.server, "servers", []) or []:  # stop listening: new connections are refused
+            server.close()
+        self.server.should_exit = True
+        self.server.force_exit = True
 
     def mark(self) -> None:
         """Start a new client's window: retried_refusals looks at requests after the last mark."""
