@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
@@ -11,6 +10,7 @@ from engines.base import DTYPES
 from engines.errors import ModelError, UnsupportedModel
 from evalsuite.distributed import writes_files
 from evalsuite.errors import SpecError
+from evalsuite.report import dumps
 from evalsuite.roles import DEFAULT_ENGINE, JUDGE
 from evalsuite.verdict import exit_code
 
@@ -27,8 +27,9 @@ ENGINE_HELP = "An installed engine (`evalsuite engines` lists them: reference, m
 
 def remote_options(f):
     """--base-url, --served-model, --api-key-env, --timeout: where --engine openai's server is."""
-    f = click.option("--timeout", "api_timeout", default=300.0, show_default=True, type=click.FloatRange(0.1, None),
-                     help="--engine openai: seconds per HTTP request.")(f)
+    f = click.option("--timeout", "api_timeout", default=None, type=click.FloatRange(0.1, None),
+                     help="--engine openai: seconds per HTTP request (default: sized from the server's pace at the "
+                          "probe, at least 300; a request past it is never sent again).")(f)
     f = click.option("--api-key-env", default=None,
                      help="--engine openai: NAME of the environment variable holding the API key "
                           "(the key itself is never printed).")(f)
@@ -65,7 +66,7 @@ def _server(base_url, served_model, api_key_env, api_timeout) -> tuple[tuple[str
     if base_url is None:
         return ()
     pairs = (("base_url", base_url), ("served_model", served_model), ("api_key_env", api_key_env),
-             ("timeout", str(api_timeout)))
+             ("timeout", None if api_timeout is None else str(api_timeout)))
     return tuple((k, v) for k, v in pairs if v is not None)
 
 
@@ -113,7 +114,7 @@ def models(as_json: bool) -> None:
     from evalsuite.report import models_text
 
     rows = describe()
-    click.echo(json.dumps(rows, indent=1) if as_json else models_text(rows))
+    click.echo(dumps(rows, indent=1) if as_json else models_text(rows))
 
 
 @main.command("engines")
@@ -124,7 +125,7 @@ def engines_cmd(as_json: bool) -> None:
     from evalsuite.report import engines_text
 
     rows = describe()
-    click.echo(json.dumps(rows, indent=1) if as_json else engines_text(rows))
+    click.echo(dumps(rows, indent=1) if as_json else engines_text(rows))
     sys.exit(0 if all(r["ok"] for r in rows) else 2)
 
 
@@ -153,7 +154,7 @@ def generate(engine, model, prompt, chat, max_new_tokens, no_stop, top_logprobs,
                         dtype=dtype, fault=fault, engine_options=_engine_options(engine_options)
                         + _server(base_url, served_model, api_key_env, api_timeout))
     result = run_generate(spec)
-    click.echo(json.dumps(result) if as_json else result["text"])
+    click.echo(dumps(result) if as_json else result["text"])
 
 
 def _progress(msg: str) -> None:
@@ -205,7 +206,7 @@ def diff(engine, against, model, prompts, max_new_tokens, dtype, batch, fault, n
     if report_dir and writes_files():
         for p in diff_report(result, Path(report_dir)):
             _progress(f"wrote {p}")
-    click.echo(json.dumps(diff_slim(result)) if as_json else diff_text(result))
+    click.echo(dumps(diff_slim(result)) if as_json else diff_text(result))
     sys.exit(exit_code(result["verdict"]))
 
 
@@ -252,7 +253,7 @@ def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model,
     if not results:
         raise SpecError(f"engine {engine} implements none of the golden models ({', '.join(skipped)})")
     verdict = combine(r["verdict"] for r in results.values())
-    click.echo(json.dumps({"verdict": verdict, "models": results, "skipped": skipped}) if as_json
+    click.echo(dumps({"verdict": verdict, "models": results, "skipped": skipped}) if as_json
                else golden_text(results) + "".join(f"\nskipped {m}: {why}" for m, why in skipped.items()))
     sys.exit(exit_code(verdict))
 
@@ -296,7 +297,7 @@ def run_cmd(task, variant, engine, against, model, limit, data, data_dir, output
     from evalsuite.report import run_text
 
     r = run_benchmark(spec, _progress).to_json()
-    click.echo(json.dumps(r) if as_json else run_text(r))
+    click.echo(dumps(r) if as_json else run_text(r))
     sys.exit(exit_code(r["verdict"]))
 
 
@@ -311,7 +312,7 @@ def merge_cmd(run_dirs, output, as_json) -> None:
     from evalsuite.report import run_text
 
     r = merge_runs(list(run_dirs), output).to_json()
-    click.echo(json.dumps(r) if as_json else run_text(r))
+    click.echo(dumps(r) if as_json else run_text(r))
     sys.exit(exit_code(r["verdict"]))
 
 
@@ -323,7 +324,7 @@ def export_cmd(run_dir, output) -> None:
     responses as sha256), fit to publish. Exit 0, or 2 when RUN_DIR is not a finished run."""
     from evalsuite.bench.export import export_run
 
-    click.echo(json.dumps(export_run(run_dir, output)))
+    click.echo(dumps(export_run(run_dir, output)))
 
 
 @main.command()
@@ -360,7 +361,13 @@ def lm_eval_cmd(args) -> None:
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPES))
 @click.option("--fault", default=None, help=FAULT_HELP)
 @click.option("--output", default="reports/verify", show_default=True)
-@click.option("--tasks", default="sanity,gsm8k,gpqa", show_default=True, help="Benchmarks to run (comma-separated).")
+@click.option("--parts", default="golden,diff,sanity,gsm8k,gpqa", show_default=True,
+              help="The parts to run (comma-separated); the rest are reported as not run.")
+@click.option("--tasks", default="sanity,gsm8k,gpqa", show_default=True,
+              help="Benchmarks to run (comma-separated; --parts also chooses them).")
+@click.option("--gpqa-variant", default=None, type=click.Choice(["mc", "cot"]),
+              help="gpqa scored by loglikelihood (mc, the default) or by generation (cot: for servers "
+                   "without prompt logprobs).")
 @click.option("--data", "data", default=None, help=DATA_HELP)
 @click.option("--data-dir", default=None, help="The same as --data DIR.")
 @click.option("--limit", default=None, type=click.IntRange(1, None), help="First N items of each benchmark only.")
@@ -369,21 +376,23 @@ def lm_eval_cmd(args) -> None:
 @engine_option
 @click.option("--json", "as_json", is_flag=True)
 @remote_options
-def verify(model, engine, dtype, fault, output, tasks, data, data_dir, limit, prompts, require, engine_options,
-           as_json, base_url, served_model, api_key_env, api_timeout) -> None:
+def verify(model, engine, dtype, fault, output, parts, tasks, gpqa_variant, data, data_dir, limit, prompts, require,
+           engine_options, as_json, base_url, served_model, api_key_env, api_timeout) -> None:
     """The whole gate: golden check, diff, gsm8k, gpqa. Exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE."""
     from pathlib import Path
 
     from evalsuite.report import verify_markdown
-    from evalsuite.verify import parse_tasks, run_verify
+    from evalsuite.verify import parse_parts, parse_tasks, run_verify
 
     names = parse_tasks(tasks)
+    chosen = parse_parts(parts)
 
     r = run_verify(model, engine, dtype, fault, Path(output), _progress, tasks=names,
                    data_dir=_data(data, data_dir), limit=limit, prompts=prompts, require=tuple(require),
                    engine_options=_engine_options(engine_options)
-                   + _server(base_url, served_model, api_key_env, api_timeout)).to_json()
-    click.echo(json.dumps(r) if as_json else verify_markdown(r))
+                   + _server(base_url, served_model, api_key_env, api_timeout), parts_asked=chosen,
+                   gpqa_variant=gpqa_variant).to_json()
+    click.echo(dumps(r) if as_json else verify_markdown(r))
     sys.exit(exit_code(r["verdict"]))
 
 

@@ -6,10 +6,36 @@ import json
 from pathlib import Path
 
 
+def strict(obj):
+    """obj with every float that is not a number (NaN, infinity: a value nobody measured) as None, so that the
+    JSON is strict (bare NaN is not JSON, and strict parsers reject it)."""
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if isinstance(obj, dict):
+        return {k: strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict(v) for v in obj]
+    return obj
+
+
+def dumps(obj, **kw) -> str:
+    """Strict JSON (see strict): what every result file and --json output is written with."""
+    return json.dumps(strict(obj), allow_nan=False, **kw)
+
+
 def write_json(path: Path, obj: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False))
+    tmp.write_text(dumps(obj, indent=1, ensure_ascii=False))
     tmp.replace(path)  # atomic: a killed run never leaves half a file
+
+
+NOT_MEASURED = "not measured"
+
+
+def _q(d: dict | None, key: str, fmt: str = ".2e") -> str:
+    """A summary's quantile, or "not measured" where the summary holds no values."""
+    v = (d or {}).get(key)
+    return NOT_MEASURED if v is None or v != v else format(v, fmt)
 
 
 def run_text(r: dict) -> str:
@@ -80,12 +106,14 @@ def diff_report(result: dict, out: Path) -> list[Path]:
           if (r.get("bf16_logit_scale") or {}).get("checked") else []),
         *([f"- conditioning witness: {_witness_text(r['conditioning_witness'])}"]
           if (r.get("conditioning_witness") or {}).get("prompts") else []),
-        f"- observed |Δlogit| where the argmax agrees: p50 {r['observed_noise'].get('p50', 0):.2e}, "
-        f"p99 {r['observed_noise'].get('p99', 0):.2e}, max {r['observed_noise'].get('max', 0):.2e}",
-        (f"- KL(ref||engine) p99 {r['summary']['kl'].get('p99', 0):.2e}, argmax agreement "
-         f"{r['summary']['argmax_agreement']:.4f}" if "kl" in r["summary"] else
+        (f"- observed |Δlogit| where the argmax agrees: p50 {_q(r['observed_noise'], 'p50')}, "
+         f"p99 {_q(r['observed_noise'], 'p99')}, max {_q(r['observed_noise'], 'max')}"
+         if r["observed_noise"].get("n") else "- observed |Δlogit| where the argmax agrees: not measured (the "
+         "engine returned no logits or logprobs to measure it on)"),
+        (f"- KL(ref||engine) p99 {_q(r['summary']['kl'], 'p99')}, argmax agreement "
+         f"{_q(r['summary'], 'argmax_agreement', '.4f')}" if "kl" in r["summary"] else
          f"- over an API: |Δlogprob| of the reference token bounded by {r.get('logprob_tolerance')}; argmax "
-         f"agreement {r['summary']['argmax_agreement']:.4f}"),
+         f"agreement {_q(r['summary'], 'argmax_agreement', '.4f')}"),
         *([f"- **what kind of difference: {r['character']['kind']}**: {r['character']['explanation']}"]
           if r.get("character") and r["character"]["kind"] != "none" else []),
         *[f"- **not checked (no PASS without it)**: {n}" for n in r.get("not_checked", [])],
@@ -105,8 +133,13 @@ def diff_report(result: dict, out: Path) -> list[Path]:
               "| real | benign | max Δlogit |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in r["per_prompt"]:
         f = p["first_divergence"]
+        if p.get("compared_as") == "unresolved":  # text that could not be located in tokens: nothing was judged
+            lines.append(f"| {p['id']} | {p['kind']} | not compared: text only, differs, no token ids | | | | | | "
+                         f"{NOT_MEASURED} | {NOT_MEASURED} | {NOT_MEASURED} |")
+            continue
+        gap = f.get("gap_to_engine_token") if f else None
         cells = ([str(f["position"]), repr(f.get("reference_text", f["reference_token"])),
-                  repr(f.get("engine_text", f["engine_token"])), f"{f.get('gap_to_engine_token', float('nan')):.3g}",
+                  repr(f.get("engine_text", f["engine_token"])), NOT_MEASURED if gap is None else f"{gap:.3g}",
                   str(f.get("engine_token_rank_in_reference", "")), f["class"]]
                  if f else ["-", "", "", "", "", ""])
         lines.append(f"| {p['id']} | {p['kind']} | " + " | ".join(c.replace("|", "\\|") for c in cells)
@@ -132,7 +165,7 @@ def _first(*xs):
 
 
 def _num(x) -> str:
-    return "n/a" if x is None else f"{x:.2e}"
+    return NOT_MEASURED if x is None or x != x else f"{x:.2e}"
 
 
 def _plot(r: dict, path: Path) -> None:
@@ -169,36 +202,45 @@ def _plot(r: dict, path: Path) -> None:
 
 
 def verify_markdown(r: dict) -> str:
-    """The verify report for people (report.md)."""
+    """The verify report for people (report.md): a row per part, run or not, and only measured figures."""
     parts, overall, warnings = r["parts"], r["verdict"], r["warnings"]
     engine, dtype, fault, model = r["engine"], r["dtype"], r["fault"], r["model"]
-    d = parts["diff"]
-    tasks = [k for k in parts if k not in ("golden", "diff")]
     lines = [f"# evalsuite verify: {engine} ({dtype}, fault={fault or 'none'}) on {model} — **{overall}**", "",
              f"Benchmark data: {r.get('data', 'bundled samples')}.", "",
              "| part | verdict | figures |", "|---|---|---|"]
-    g = parts["golden"]
-    lines.append(f"| golden | {g['verdict']} | " + (f"{g['summary'].get('positions', 0)} positions, max abs Δlogprob "
-                                                     f"{g['summary'].get('max_dlogprob', 0):.2e}" if g.get("summary")
-                                                     else "; ".join(g["problems"])) + " |")
-    lines.append(f"| diff | {d['verdict']} | {d['real_mismatches']} real, {d['benign_divergences']} benign, "
-                 f"{d['prompts_identical']}/{d['prompts']} prompts identical (diff/report.md) |")
-    for task in tasks:
-        p = parts[task]
-        acc = ", ".join(f"{k} {v:.3f}" for k, v in p["accuracy"].items())
-        sample = " (bundled sample)" if p["bundled_sample"] else f" ({p['dataset']})"
-        lines.append(f"| {task} | {p['verdict']} | {p['items']} items{sample}: {acc}; b={p['paired']['b']} "
-                     f"c={p['paired']['c']}, loss <= {p['paired']['loss_upper']:.3f} at 97.5% |")
+    for name, p in parts.items():
+        lines.append(f"| {name} | {p['verdict']} | {_part_figures(name, p)} |")
+    for name in r.get("parts_not_run", []):
+        lines.append(f"| {name} | not run | left out by --parts |")
     if overall != "PASS":
         lines += ["", f"**Why {overall}:**"]
         for name, p in parts.items():
             if p["verdict"] in ("FAIL", "INCONCLUSIVE"):
-                why = p["paired"]["explanation"] if "paired" in p else "; ".join(p.get("problems") or []) or \
-                    "; ".join(p.get("warnings") or []) or "see its section"
+                why = (f"not checked: {p['not_checked']}" if p.get("not_checked") else
+                       p["paired"]["explanation"] if "paired" in p else "; ".join(p.get("problems") or []) or
+                       "; ".join(p.get("warnings") or []) or "see its section")
                 lines.append(f"- {name}: {why}" + (f". To settle it: {p['settle']}" if p.get("settle") else ""))
     if warnings:
         lines += ["", "**Warnings:**", *[f"- {w}" for w in warnings]]
     return "\n".join(lines) + "\n"
+
+
+def _part_figures(name: str, p: dict) -> str:
+    if p.get("not_checked"):
+        return f"not checked: {p['not_checked']}".replace("|", "\\|")
+    if name == "golden":
+        s = p.get("summary") or {}
+        if not s:
+            return "; ".join(p.get("problems") or []) or NOT_MEASURED
+        return f"{s.get('positions', 0)} positions, max abs Δlogprob {_q(s, 'max_dlogprob')}"
+    if name == "diff":
+        return (f"{p['real_mismatches']} real, {p['benign_divergences']} benign, {p['prompts_identical']}/"
+                f"{p['prompts']} prompts identical (diff/report.md)")
+    acc = ", ".join(f"{k} {_q({'v': v}, 'v', '.3f')}" for k, v in p["accuracy"].items())
+    sample = " (bundled sample)" if p["bundled_sample"] else f" ({p['dataset']})"
+    lo = p["paired"].get("loss_upper")
+    return (f"{p['items']} items{sample}: {acc}; b={p['paired']['b']} c={p['paired']['c']}, "
+            + (f"loss <= {lo:.3f} at 97.5%" if lo is not None else f"loss bound {NOT_MEASURED}"))
 
 
 def diff_text(r: dict) -> str:

@@ -13,13 +13,12 @@ the shards of a long run can be computed on different hosts or days and kept, e.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from evalsuite.bench.merge import load_result, read_records, records_path
 from evalsuite.bench.run import gold_in_response, repetition
 from evalsuite.errors import SpecError
-from evalsuite.report import write_json
+from evalsuite.report import dumps, write_json
 
 HASHED_RESPONSES = ("gpqa",)  # tasks whose model answers may quote the data: responses kept as sha256 only
 
@@ -30,8 +29,9 @@ def _record(r: dict, task: str) -> dict:
         out["repetition"] = r["repetition"] if "repetition" in r else repetition(r["response"] or "")
         if task == "gsm8k":
             out["gold_in_response"] = r["gold_in_response"] if "gold_in_response" in r else gold_in_response(r)
-    if task in HASHED_RESPONSES and not str(r["response"]).startswith("sha256:"):
-        out["response"] = "sha256:" + hashlib.sha256(str(r["response"]).encode()).hexdigest()
+    for key in ("response", "response_plain"):
+        if task in HASHED_RESPONSES and out.get(key) is not None and not str(out[key]).startswith("sha256:"):
+            out[key] = "sha256:" + hashlib.sha256(str(out[key]).encode()).hexdigest()
     return out
 
 
@@ -50,7 +50,7 @@ def export_run(run_dir: str, output: str) -> dict:
                 raise SpecError(f"{records_path(src, doc, name)}:{n} is not a record of `evalsuite run` "
                                 f"({type(e).__name__}: {e})") from None
         (out / name).mkdir(parents=True, exist_ok=True)
-        (out / name / "records.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        (out / name / "records.jsonl").write_text("".join(dumps(r, ensure_ascii=False) + "\n" for r in records))
         summary["lm_eval_results"] = f"{name}/lm_eval_results.json"  # relative: the export can move
         kept[name] = len(records)
     doc["exported"] = {"from": str(src), "records": kept,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from evalsuite.bench.run import RunSpec, assemble
 from evalsuite.errors import SpecError
-from evalsuite.report import write_json
+from evalsuite.report import dumps, write_json
 from evalsuite.results import RunResult
 
 # What must be equal in every shard (spec fields besides shard and output, and the result's identity)
@@ -125,7 +125,7 @@ def merge_runs(dirs: list[str], output: str) -> RunResult:
     out.mkdir(parents=True, exist_ok=True)
     for name, e in engines.items():
         (out / name).mkdir(exist_ok=True)
-        (out / name / "records.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n"
+        (out / name / "records.jsonl").write_text("".join(dumps(r, ensure_ascii=False) + "\n"
                                                           for r in e["records"]))
     write_json(out / "comparison.json", result)
     typed = {k: result.pop(k) for k in ("verdict", "task", "variant", "items", "model", "settle")}

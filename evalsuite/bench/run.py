@@ -26,7 +26,7 @@ from evalsuite.bench import stats
 from evalsuite.bench.data import BUNDLED, FEWSHOT, TASKS_DIR, Data, check_rows, load_rows, offline, resolve
 from evalsuite.bench.parity import judge_work, parity_records, parity_summary
 from evalsuite.errors import SpecError
-from evalsuite.report import write_json
+from evalsuite.report import dumps, write_json
 from evalsuite.results import RunResult
 from evalsuite.roles import DEFAULT_ENGINE, JUDGE
 from evalsuite.versions import versions
@@ -71,6 +71,7 @@ class RunSpec:
     engine_options: tuple[tuple[str, str], ...] = ()  # --engine-option KEY=VALUE
     shard: str | None = None  # "i/N": only the items with doc_id % N == i (evalsuite merge combines the N)
     judge_decodes: bool = False  # the judge decodes every answer itself instead of scoring the engine's
+    variant_option: str = "--variant"  # how the command that runs it names the variant (in its hints)
 
     def __post_init__(self):
         if self.shard is not None:
@@ -197,7 +198,7 @@ def run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks_
                "response": resp, "extracted": extracted,
                "target": s.get("target"), "correct": bool(s[metric] > 0.5),
                "finish_reason": gen.get("finish_reason", "n/a (loglikelihood)"),
-               "generated_tokens": gen.get("generated_tokens")}
+               "generated_tokens": gen.get("generated_tokens"), "response_plain": gen.get("response_plain")}
         if "scored" in gen:  # the judge in scoring mode: what it scored and decoded itself
             rec |= {"scored_tokens": gen["scored"], "decoded_tokens": gen["decoded"],
                     "decoded_from": gen["decoded_from"], "scoring": gen["why"], "near_ties": gen.get("near_ties", 0)}
@@ -205,7 +206,7 @@ def run_engine(spec: RunSpec, engine: str, dtype: str, fault: str | None, tasks_
             rec[f"correct_{f}"] = bool(other[doc_id][metric] > 0.5)
         records.append(rec)
     with open(eng_dir / "records.jsonl", "w") as fh:
-        fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        fh.write("".join(dumps(r, ensure_ascii=False) + "\n" for r in records))
     if not records:
         raise SpecError(f"shard {spec.shard} holds no items (there are fewer items than shards)")
     live = lm.live  # the progress bar's running estimate, kept as a cross-check
@@ -269,9 +270,10 @@ def assemble(spec: RunSpec, engines: dict[str, dict], context: dict, seconds: fl
     v = stats.paired_verdict([r["correct"] for r in a["records"]], [r["correct"] for r in b["records"]],
                              margin=spec.margin)
     agree = float(np.mean([x["correct"] == y["correct"] for x, y in zip(a["records"], b["records"])]))
-    same_resp = float(np.mean([x["extracted"] == y["extracted"] and (x["generated_tokens"] is None
-                                                                      or x["response"] == y["response"])
-                               for x, y in zip(a["records"], b["records"])]))
+    # responses compared without special tokens: a text-only server strips them from its text (transformers serve)
+    same_resp = float(np.mean([x["extracted"] == y["extracted"] and (
+        x["generated_tokens"] is None or (x.get("response_plain") or x["response"]) == (
+            y.get("response_plain") or y["response"])) for x, y in zip(a["records"], b["records"])]))
     verdict = v.verdict
     api_notes = context["api"]
     not_checked = list((api_notes or {}).get("not_checked", []))
@@ -345,7 +347,7 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     uses_forced = VARIANTS[spec.task][variant][3] == "acc"
     if uses_forced and not caps.forced:
         raise SpecError(f"{caps.forced_refusal}, so {spec.task}/{variant} (scored by loglikelihood) is impossible "
-                        "over it" + ("; --variant cot is generative" if spec.task == "gpqa" else ""))
+                        "over it" + (f"; {spec.variant_option} cot is generative" if spec.task == "gpqa" else ""))
     why_not = (f"the engine declares numerics of its own ({built.own_numerics})" if built.own_numerics else
                f"{spec.dtype}: judged against the reference's {spec.dtype} recipe by `evalsuite diff --dtype "
                f"{spec.dtype}`; here the float32 judge's tracks are compared and reported"
@@ -368,7 +370,7 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     if requests:
         parity_records(judge_lm, eng_lm, requests, tested["records"], spec.dtype, progress)
         eng_dir = out / key  # the records with their parity, as the folder's records.jsonl
-        (eng_dir / "records.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n"
+        (eng_dir / "records.jsonl").write_text("".join(dumps(r, ensure_ascii=False) + "\n"
                                                        for r in tested["records"]))
     context = {"dataset": _dataset(src, data, bundled, n_items, spec), "weights_sha256": model.weights.sha256,
                "api": api_notes, "bundled": bundled, "n_items": n_items}
