@@ -188,8 +188,11 @@ def calibrate_routing(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def interop(session: nox.Session) -> None:
-    """evalsuite's commands against evalsuite serve and llama.cpp's server on loopback (creates .venv and
-    .venv-llamacpp; building llama.cpp takes minutes once). Pass `-- --servers llamacpp --limit 5` etc."""
+    """evalsuite's commands against evalsuite serve, llama.cpp's server (portable and native builds) and
+    transformers serve on loopback (creates .venv, .venv-llamacpp, .venv-llamacpp-native and .venv-tserve;
+    building llama.cpp takes about 9 minutes a build, once). Pass `-- --servers tserve --limit 5` etc."""
     session.run("bash", "install.sh", external=True)
     session.run("bash", "interop/install_llamacpp.sh", external=True)
+    session.run("bash", "interop/install_llamacpp.sh", "native", external=True)
+    session.run("bash", "interop/install_tserve.sh", external=True)
     session.run(".venv/bin/python", "interop/matrix.py", *session.posargs, external=True)

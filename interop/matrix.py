@@ -1,15 +1,19 @@
 """The interop matrix: evalsuite's commands against real OpenAI-compatible servers on loopback.
 
-    .venv/bin/python interop/matrix.py [--servers evalsuite,llamacpp] [--limit 10] [--out runs/interop]
+    .venv/bin/python interop/matrix.py [--servers evalsuite,llamacpp,llamacpp-native,tserve] [--limit 10]
+                                       [--out runs/interop]
 
-(`nox -s interop` installs .venv-llamacpp first, then runs this.) For each server it starts the
-server, records what the openai client's probe finds (and, for llama.cpp, whether that matches the
-behaviour established by hand against llama-cpp-python 0.3.36, see interop/README.md), then runs
-`diff --prompts quick`, `golden check`, `run gsm8k --limit N`, `run gpqa --limit N` and `run gpqa
---variant cot --limit N` (on the real sets in ../shared/data where present, else the bundled
-samples), and prints a table of exit codes, verdicts and one-line refusals. It writes
-matrix.json under --out. Asserts nothing itself: the exit status is 1 only when a command crashed
-(a traceback, or an exit code outside 0/1/2/3) or the llama.cpp capabilities differ from expected.
+(`nox -s interop` installs the side environments first, then runs this.) Servers: evalsuite's own
+`serve` (the megakernel), llama.cpp's server (llama-cpp-python 0.3.36) built portable and native, and
+Hugging Face's `transformers serve` (5.24.0), all serving SmolLM2-135M. For each it starts the server,
+records what the openai client's probe finds (and whether that matches the behaviour established by
+hand, see interop/README.md), then runs `diff --prompts quick`, `golden check`, `run gsm8k --limit N`,
+`run gpqa --limit N`, `run gpqa --variant cot --limit N` and `verify --limit N --prompts quick` (on the
+real sets in ../shared/data where present, else the bundled samples), and prints a table of exit codes,
+verdicts and one-line refusals. It counts the completion requests in the server's own log against the
+client's (a request sent twice shows up there) and writes matrix.json under --out. The exit status is
+1 when a command crashed (a traceback, or an exit code outside 0/1/2/3), ended without a verdict or a
+one-line refusal, the server died, or a server's capabilities differ from expected.
 """
 
 from __future__ import annotations
@@ -27,13 +31,26 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = ROOT / ".venv" / "bin" / "python"
-LLAMA_PY = ROOT / ".venv-llamacpp" / "bin" / "python"
+LLAMA_PY = {"llamacpp": ROOT / ".venv-llamacpp" / "bin" / "python",
+            "llamacpp-native": ROOT / ".venv-llamacpp-native" / "bin" / "python"}
+TSERVE = ROOT / ".venv-tserve" / "bin" / "transformers"
+TSERVE_MODEL = ROOT / ".venv-tserve" / "smollm2-135m"
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 SHARED = ROOT.parent / "shared" / "data"  # read-only real benchmark files, where present
 # llama-cpp-python 0.3.36 serving the SmolLM2 Q4_1 GGUF, established with curl (interop/README.md)
 LLAMACPP_EXPECTED = {"token_prompts": False, "batched_prompts": False, "tokenize": True, "token_ids": False,
                      "gen_logprobs": True, "greedy": True, "echo_logprobs": True, "echo_consistency": False,
                      "chat": True, "stop_strings": True, "max_context": False}
+# transformers serve 5.24.0 serving the same weights (dequantized to float32), established with curl: text
+# prompts only, no logprobs or echo, no tokenize endpoint, unknown fields 422, stop strings kept in the text
+TSERVE_EXPECTED = {"token_prompts": False, "batched_prompts": False, "tokenize": False, "token_ids": False,
+                   "gen_logprobs": False, "echo_logprobs": False, "ignore_eos": False, "neutral_sampling": False,
+                   "chat": True, "stop_strings": False, "max_context": False}
+EXPECTED = {"llamacpp": LLAMACPP_EXPECTED, "llamacpp-native": LLAMACPP_EXPECTED, "tserve": TSERVE_EXPECTED}
+INSTALL = {"llamacpp": "bash interop/install_llamacpp.sh", "llamacpp-native": "bash interop/install_llamacpp.sh native",
+           "tserve": "bash interop/install_tserve.sh"}
+# a completion request line in each server's own access log
+COMPLETION_LOG = '"POST /v1/completions HTTP/1.1"'
 
 
 def _port() -> int:
@@ -54,13 +71,18 @@ def _start(name: str, log: Path) -> tuple[subprocess.Popen, str]:
     if name == "evalsuite":
         cmd = [str(PY), "-m", "evalsuite.cli", "serve", "--engine", "megakernel", "--model", "smollm2-135m",
                "--port", str(port)]
-    elif name == "llamacpp":
-        if not LLAMA_PY.exists():
-            sys.exit("interop: .venv-llamacpp is missing: run `bash interop/install_llamacpp.sh`")
-        cmd = [str(LLAMA_PY), "-m", "llama_cpp.server", "--model", _gguf(), "--host", "127.0.0.1", "--port",
+    elif name in LLAMA_PY:
+        if not LLAMA_PY[name].exists():
+            sys.exit(f"interop: {LLAMA_PY[name].parent.parent.name} is missing: run `{INSTALL[name]}`")
+        cmd = [str(LLAMA_PY[name]), "-m", "llama_cpp.server", "--model", _gguf(), "--host", "127.0.0.1", "--port",
                str(port), "--n_ctx", "8192", "--model_alias", "smollm2", "--n_threads", "2"]
+    elif name == "tserve":
+        if not (TSERVE.exists() and (TSERVE_MODEL / "config.json").exists()):
+            sys.exit(f"interop: .venv-tserve is missing: run `{INSTALL[name]}`")
+        cmd = [str(TSERVE), "serve", str(TSERVE_MODEL), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+               "--dtype", "float32"]
     else:
-        sys.exit(f"interop: unknown server {name!r} (evalsuite, llamacpp)")
+        sys.exit(f"interop: unknown server {name!r} (evalsuite, llamacpp, llamacpp-native, tserve)")
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **OFFLINE})
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300
@@ -88,10 +110,12 @@ def _probe(url: str) -> dict:
     return json.loads(p.stdout)
 
 
-def _cli(args: list[str], url: str) -> dict:
+def _cli(args: list[str], url: str, http_log: Path) -> dict:
     t = time.time()
+    http_log.unlink(missing_ok=True)
     p = subprocess.run([str(PY), "-m", "evalsuite.cli", *args, "--engine", "openai", "--base-url", url, "--json"],
-                       capture_output=True, text=True, cwd=ROOT, env={**os.environ, **OFFLINE}, timeout=3600)
+                       capture_output=True, text=True, cwd=ROOT, timeout=3600,
+                       env={**os.environ, **OFFLINE, "EVALSUITE_HTTP_LOG": str(http_log)})
     row = {"command": "evalsuite " + " ".join(args), "exit": p.returncode, "seconds": round(time.time() - t, 1)}
     try:
         res = json.loads(p.stdout.strip().splitlines()[-1]) if p.stdout.strip() else {}
@@ -105,18 +129,34 @@ def _cli(args: list[str], url: str) -> dict:
     if "real_mismatches" in res:
         row["real_mismatches"] = res["real_mismatches"]
         row["character"] = (res.get("character") or {}).get("kind")
+    if "parts" in res:
+        row["parts"] = {k: v.get("verdict") + (f" (not checked: {v['not_checked']})" if v.get("not_checked") else "")
+                        for k, v in res["parts"].items()}
     if res.get("not_checked"):
         row["not_checked"] = res["not_checked"]
     err = [ln for ln in p.stderr.splitlines() if ln.lower().startswith("error")]
     if p.returncode == 2:
         row["refusal"] = err[-1] if err else (p.stderr.strip().splitlines() or [""])[-1]
+    busy = [ln for ln in p.stderr.splitlines() if ln.startswith("server busy")]
+    if busy:
+        row["busy_lines"] = len(busy)
+    attempts = [json.loads(ln) for ln in http_log.read_text().splitlines()] if http_log.exists() else []
+    row["client_completions"] = sum(1 for a in attempts if a["path"].endswith("/completions"))
+    row["resent_after_no_reply"] = sum(1 for i, a in enumerate(attempts) if a["attempt"] > 0
+                                       and attempts[i - 1]["outcome"] == "no reply")
     row["crashed"] = "Traceback" in p.stderr or p.returncode not in (0, 1, 2, 3)
+    row["no_verdict"] = p.returncode in (0, 1, 3) and row["verdict"] is None or (p.returncode == 2
+                                                                                   and not row.get("refusal"))
     return row
+
+
+def _completions_in_log(log: Path) -> int:
+    return log.read_text(errors="replace").count(COMPLETION_LOG) if log.exists() else 0
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--servers", default="evalsuite,llamacpp")
+    ap.add_argument("--servers", default="evalsuite,llamacpp,llamacpp-native,tserve")
     ap.add_argument("--limit", type=int, default=10)
     ap.add_argument("--out", default="runs/interop")
     a = ap.parse_args()
@@ -125,17 +165,20 @@ def main() -> int:
     n = str(a.limit)
     commands = [["diff", "--prompts", "quick"], ["golden", "check", "--model", "smollm2-135m"],
                 ["run", "gsm8k", "--limit", n], ["run", "gpqa", "--limit", n],
-                ["run", "gpqa", "--variant", "cot", "--limit", n]]
+                ["run", "gpqa", "--variant", "cot", "--limit", n],
+                ["verify", "--limit", n, "--prompts", "quick"]]
     report, bad = {}, False
     for name in a.servers.split(","):
         t0 = time.time()
-        proc, url = _start(name, out / f"{name}-server.log")
+        log = out / f"{name}-server.log"
+        proc, url = _start(name, log)
         try:
             caps = _probe(url)
             entry = {"url": url, "engine_capabilities": caps, "rows": []}
-            if name == "llamacpp" and "error" not in caps:
-                got = {k: caps[k]["ok"] for k in LLAMACPP_EXPECTED if k in caps}
-                entry["capabilities_as_expected"] = got == LLAMACPP_EXPECTED
+            if name in EXPECTED and "error" not in caps:
+                got = {k: caps[k]["ok"] for k in EXPECTED[name] if k in caps}
+                entry["capabilities_as_expected"] = got == EXPECTED[name]
+                entry["capabilities_unexpected"] = {k: v for k, v in got.items() if v != EXPECTED[name][k]}
                 bad |= not entry["capabilities_as_expected"]
             print(f"== {name} at {url}", flush=True)
             for k, v in caps.items():
@@ -143,16 +186,25 @@ def main() -> int:
                       f"{v.get('detail') if isinstance(v, dict) else v}", flush=True)
             for c in commands:
                 args = c
-                if c[0] == "run":
-                    args = c + ["--output", str(out / name / "-".join(x.lstrip("-") for x in c[1:]))]
-                    real = SHARED / c[1]
-                    if real.is_dir():  # the real GSM8K test split / GPQA-Diamond where this machine has them
+                if c[0] in ("run", "verify"):
+                    args = c + ["--output", str(out / name / "-".join(x.lstrip("-") for x in c))]
+                    real = SHARED / c[1] if c[0] == "run" else SHARED
+                    if c[0] == "run" and real.is_dir():  # the real GSM8K test split / GPQA-Diamond where present
                         args += ["--data-dir", str(real)]
-                row = _cli(args, url)
+                before = _completions_in_log(log)
+                row = _cli(args, url, out / f"{name}-http.jsonl")
+                row["server_completions"] = _completions_in_log(log) - before
+                row["server_died"] = proc.poll() is not None
                 entry["rows"].append(row)
-                bad |= row["crashed"]
+                bad |= row["crashed"] or row["no_verdict"] or row["server_died"] or row["resent_after_no_reply"] > 0
                 print(f"   {row['command']}: exit {row['exit']} {row.get('verdict') or ''} "
-                      f"{row.get('refusal') or ''} ({row['seconds']} s)", flush=True)
+                      f"{row.get('refusal') or ''} ({row['seconds']} s; completions: client {row['client_completions']}"
+                      f", server log {row['server_completions']}){' SERVER DIED' if row['server_died'] else ''}",
+                      flush=True)
+                if row.get("parts"):
+                    print(f"      parts: {row['parts']}", flush=True)
+                if row["server_died"]:
+                    break
             entry["seconds"] = round(time.time() - t0, 1)
             report[name] = entry
         finally:
