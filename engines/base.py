@@ -151,6 +151,9 @@ class Generation:
     text: str | None = None
     # the number of tokens the server says it generated (`usage.completion_tokens`), where it says; else None
     counted: int | None = None
+    # the number of prompt tokens the server says it read, where that differs from prompt_ids (a text-only server
+    # whose tokenizer splits this prompt otherwise): its tokens are then not comparable, only its text
+    prompt_counted: int | None = None
 
     def track(self) -> Forced:
         """The generation as a Forced record along its own tokens (greedy: the token is the top-1)."""

@@ -24,6 +24,7 @@ from evalsuite.doctables import (
     recipe_check,
     reference_accuracy,
 )
+from evalsuite.interop_tables import interop_capabilities, interop_commands
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout this module sits in (an editable install)
 BLOCK = re.compile(r"<!-- generated: (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- /generated -->", re.S)
@@ -54,6 +55,8 @@ TABLES = (
     Table("gsm8k-full", "docs/benchmarks.md", gsm8k_full),
     Table("judge-scoring", "docs/benchmarks.md", judge_scoring),
     Table("detection-run-gsm8k", "docs/faults.md", detection_run("gsm8k")),
+    Table("interop-capabilities", "docs/engines.md", interop_capabilities),
+    Table("interop-commands", "docs/engines.md", interop_commands),
 )
 
 

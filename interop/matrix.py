@@ -49,6 +49,17 @@ TSERVE_EXPECTED = {"token_prompts": False, "batched_prompts": False, "tokenize":
 EXPECTED = {"llamacpp": LLAMACPP_EXPECTED, "llamacpp-native": LLAMACPP_EXPECTED, "tserve": TSERVE_EXPECTED}
 INSTALL = {"llamacpp": "bash interop/install_llamacpp.sh", "llamacpp-native": "bash interop/install_llamacpp.sh native",
            "tserve": "bash interop/install_tserve.sh"}
+SERVER_VERSIONS = {"llamacpp": "llama-cpp-python 0.3.36, portable build (GGML_NATIVE=OFF), SmolLM2 Q4_1 GGUF",
+                   "llamacpp-native": "llama-cpp-python 0.3.36, native build, SmolLM2 Q4_1 GGUF",
+                   "tserve": "transformers serve 5.24.0 (torch 2.13.0 CPU), the same weights dequantized to float32"}
+
+
+def _versions() -> dict:
+    p = subprocess.run([str(PY), "-c", "import json; from evalsuite.versions import versions; "
+                        "print(json.dumps(versions()))"], capture_output=True, text=True, cwd=ROOT)
+    return json.loads(p.stdout) if p.returncode == 0 else {}
+
+
 # a completion request line in each server's own access log
 COMPLETION_LOG = '"POST /v1/completions HTTP/1.1"'
 
@@ -141,7 +152,7 @@ def _cli(args: list[str], url: str, http_log: Path) -> dict:
     if busy:
         row["busy_lines"] = len(busy)
     attempts = [json.loads(ln) for ln in http_log.read_text().splitlines()] if http_log.exists() else []
-    row["client_completions"] = sum(1 for a in attempts if a["path"].endswith("/completions"))
+    row["client_completions"] = sum(1 for a in attempts if a["path"] == "/v1/completions")
     row["resent_after_no_reply"] = sum(1 for i, a in enumerate(attempts) if a["attempt"] > 0
                                        and attempts[i - 1]["outcome"] == "no reply")
     row["crashed"] = "Traceback" in p.stderr or p.returncode not in (0, 1, 2, 3)
@@ -159,6 +170,9 @@ def main() -> int:
     ap.add_argument("--servers", default="evalsuite,llamacpp,llamacpp-native,tserve")
     ap.add_argument("--limit", type=int, default=10)
     ap.add_argument("--out", default="runs/interop")
+    ap.add_argument("--results", default=None,
+                    help="also merge each server's entry into this JSON (e.g. benchmarks/results/interop-matrix.json, "
+                         "which docs/engines.md's tables are generated from)")
     a = ap.parse_args()
     out = (ROOT / a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -174,7 +188,8 @@ def main() -> int:
         proc, url = _start(name, log)
         try:
             caps = _probe(url)
-            entry = {"url": url, "engine_capabilities": caps, "rows": []}
+            entry = {"server": SERVER_VERSIONS.get(name, "evalsuite serve --engine megakernel (float32)"),
+                     "limit": a.limit, "versions": _versions(), "engine_capabilities": caps, "rows": []}
             if name in EXPECTED and "error" not in caps:
                 got = {k: caps[k]["ok"] for k in EXPECTED[name] if k in caps}
                 entry["capabilities_as_expected"] = got == EXPECTED[name]
@@ -215,6 +230,13 @@ def main() -> int:
                 proc.kill()
     (out / "matrix.json").write_text(json.dumps(report, indent=1))
     print(f"wrote {out / 'matrix.json'}")
+    if a.results:
+        path = ROOT / a.results
+        merged = json.loads(path.read_text()) if path.exists() else {"servers": {}}
+        merged["servers"].update(report)
+        merged["command"] = "nox -s interop -- --servers NAME --limit N --results " + a.results
+        path.write_text(json.dumps(merged, indent=1) + "\n")
+        print(f"merged into {path}")
     return 1 if bad else 0
 
 

@@ -132,5 +132,5 @@ def drop_kept_stop(ch: dict, stops) -> tuple[dict, bool]:
         return ch, False
     for s in stops:
         if s and text.endswith(s):
-            return {**ch, "text": text[:-len(s)]}, True
+            return {**ch, "text": text[:-len(s)], "_stop_cut": True}, True
     return ch, False

@@ -400,7 +400,7 @@ def count_mismatch(eng, used: int, n: int) -> str:
     tokenize = eng.findings.get("tokenize") if isinstance(getattr(eng, "findings", None), dict) else None
     if tokenize is not None and tokenize.ok and "differently" in tokenize.detail:
         why = "its tokenizer differs from --model's (the probe's tokenize check says so)"
-    elif used == n + 1:
+    elif used == n + 1 and getattr(eng, "probing", True):
         why = "one more: does it add a BOS token?"
     else:
         why = (f"it tokenizes differently from --model's tokenizer: is it serving another model than --model? "

@@ -28,8 +28,16 @@ def parity_records(judge_lm, eng_lm, requests: dict, records: list[dict], dtype:
         if e.get("token_ids") is None or j.get("token_ids") is None:
             r["parity"] = {"not_checked": "no token ids journaled for this answer"}
             continue
-        if not e.get("ids_exact", True):
-            r["parity"] = {"not_checked": "the server returned text whose ids could not be recovered exactly"}
+        if not e.get("ids_exact", True):  # a text-only server's ids are not its own: its answer compared as text
+            until = judge_lm.gen_request(ctx, kw)[0]
+            theirs = cut_at_stop(visible_text(tok, j["token_ids"]), until)[0]
+            r["parity"] = ({"compared_as": "text", "positions": 0, "real_positions": [], "token_mismatches": [],
+                            "distribution_mismatches": [], "benign_positions": [], "first_divergence": None,
+                            "max_dlogprob": None, "witness": None,
+                            "note": "the server's ids are not its own; its answer equals the judge's as text"}
+                           if e.get("result") == theirs else
+                           {"not_checked": "the server returned text whose ids could not be recovered exactly, and "
+                                           "it differs from the judge's answer"})
             continue
         prompt = judge_lm.request_prompt(ctx, kw)
         a = Answer(prompt, e["token_ids"], e["finish_reason"], journal_array(e["top_ids"], np.int64),

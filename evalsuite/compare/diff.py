@@ -204,9 +204,12 @@ def _main_group(run: _Run, idx: list[int]) -> None:
     for i, rg, eg, fo, rl, how in zip(idx, rgen, egen, forced, rec, text_only):
         pid = run.encoded[i][0].id
         if how == "unresolved":  # the server's text differs and its ids cannot be recovered: not judged
-            run.not_checked.append(f"prompt {pid}: the server returned no token ids and its text differs from the "
-                                "reference's, and cannot be turned back into its own ids (not valid UTF-8, or not "
-                                "the token count the server reported): the difference cannot be located in tokens")
+            run.not_checked.append(
+                f"prompt {pid}: the server read the prompt as {eg.prompt_counted} tokens where the reference has "
+                f"{len(eg.prompt_ids)}: not comparable token for token" if eg.prompt_counted is not None else
+                f"prompt {pid}: the server returned no token ids and its text differs from the reference's, and "
+                "cannot be turned back into its own ids (not valid UTF-8, or not the token count the server "
+                "reported): the difference cannot be located in tokens")
             eg = rg  # placeholder so the record's shape holds; counted as not checked above
         track = rg.track()
         rec = rule.compare_prompt(rg.token_ids, track, fo, eg, tol, eos_ids=eos_ids)

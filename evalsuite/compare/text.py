@@ -17,6 +17,8 @@ def resolve(tok, tokens: list[int], eg, prefix: bool = False) -> str | None:
     """None when the engine's ids are its own; else TEXT or TEXT_NO_SPECIAL when its text matches the judge's for
     tokens (its ids are then set to tokens), or UNRESOLVED when it differs. prefix: the generation was cut by a stop
     check the server never saw (the batching part's staggered stops), so its text may run on past the judge's."""
+    if getattr(eg, "prompt_counted", None) is not None and eg.prompt_counted != len(eg.prompt_ids):
+        return UNRESOLVED  # the server read another token sequence: nothing after it is comparable as tokens
     if eg.ids_exact:
         return None
     if tok is None:
