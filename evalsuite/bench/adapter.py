@@ -367,7 +367,8 @@ def _tokens_record(g) -> dict:
     lps = np.asarray(g.top_logprobs, np.float64)
     return {"token_ids": [int(t) for t in g.token_ids], "top_ids": np.asarray(g.top_ids, np.int64).tolist(),
             "top_logprobs": [[None if np.isnan(v) else float(v) for v in row] for row in lps.reshape(len(lps), -1)],
-            "ids_exact": bool(g.ids_exact)}
+            "ids_exact": bool(g.ids_exact),
+            **({"prompt_counted": int(g.prompt_counted)} if getattr(g, "prompt_counted", None) is not None else {})}
 
 
 def journal_array(rows, dtype) -> np.ndarray | None:

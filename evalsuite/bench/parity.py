@@ -28,6 +28,11 @@ def parity_records(judge_lm, eng_lm, requests: dict, records: list[dict], dtype:
         if e.get("token_ids") is None or j.get("token_ids") is None:
             r["parity"] = {"not_checked": "no token ids journaled for this answer"}
             continue
+        prompt = judge_lm.request_prompt(ctx, kw)
+        if e.get("prompt_counted") is not None and e["prompt_counted"] != len(prompt):
+            r["parity"] = {"not_checked": f"the server read the prompt as {e['prompt_counted']} tokens where the "
+                                          f"judge has {len(prompt)}: its answer is not comparable token for token"}
+            continue
         if not e.get("ids_exact", True):  # a text-only server's ids are not its own: its answer compared as text
             until = judge_lm.gen_request(ctx, kw)[0]
             theirs = cut_at_stop(visible_text(tok, j["token_ids"]), until)[0]
@@ -39,7 +44,6 @@ def parity_records(judge_lm, eng_lm, requests: dict, records: list[dict], dtype:
                            {"not_checked": "the server returned text whose ids could not be recovered exactly, and "
                                            "it differs from the judge's answer"})
             continue
-        prompt = judge_lm.request_prompt(ctx, kw)
         a = Answer(prompt, e["token_ids"], e["finish_reason"], journal_array(e["top_ids"], np.int64),
                    journal_array(e["top_logprobs"], np.float64))
         rg = Answer(prompt, j["token_ids"], j["finish_reason"], journal_array(j["top_ids"], np.int64),

@@ -18,6 +18,9 @@ Those of transformers serve 5.24.0 (established with curl, interop/README.md; TS
   strips_special     the text is decoded with special tokens removed
   keeps_stop         it stops at a stop string but leaves the string in its text
   serial             one request at a time, each taking at least SERIAL_S (one inference thread)
+  long_split         a text prompt over LONG_SPLIT_CHARS characters is counted one token longer in `usage` (its
+                     tokenizer splits long texts otherwise: transformers serve's did, 1102 for 1101 on GSM8K 5-shot)
+  another_model      every prompt is counted as another model's tokenizer would (twice the tokens, and 3)
 and a crash (llama.cpp's server segfaulted in llama_decode):
   dies               set_dies(n): the n-th completion from now gets no reply, and the server stops
                      listening (every later connection is refused)
@@ -33,7 +36,8 @@ import time
 
 QUIRKS = ("no_token_prompts", "single_prompt", "no_token_ids", "misaligned_echo", "extras_tokenize", "no_tokenize",
           "strict_schema_500", "text_only", "no_logprobs", "strict_schema_422", "strips_special", "keeps_stop",
-          "serial")
+          "serial", "long_split", "another_model")
+LONG_SPLIT_CHARS = 200
 LLAMA_CPP = frozenset({"no_token_prompts", "single_prompt", "no_token_ids", "misaligned_echo", "extras_tokenize"})
 TSERVE = frozenset({"text_only", "no_token_ids", "no_logprobs", "no_tokenize", "strict_schema_422", "strips_special",
                     "keeps_stop", "serial"})
@@ -176,6 +180,13 @@ class Quirks:
                     ch["logprobs"] = None
             if "no_logprobs" in q and (req or {}).get("echo"):
                 out.pop("evalsuite", None)
+            usage = out.get("usage")
+            if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+                p = (req or {}).get("prompt")
+                if "long_split" in q and isinstance(p, str) and len(p) > LONG_SPLIT_CHARS:
+                    usage["prompt_tokens"] += 1
+                if "another_model" in q:
+                    usage["prompt_tokens"] = 2 * usage["prompt_tokens"] + 3
         if "no_token_ids" in q:
             out.pop("evalsuite", None)
             out.pop("prompt_token_ids", None)

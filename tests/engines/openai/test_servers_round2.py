@@ -127,6 +127,8 @@ def test_a_kept_stop_string_is_cut_off_and_sent(tserve_like, mini_llama):
     g = e.generate([p], 12, stop_strings=[stop])[0]
     assert _completions(tserve_like, start)[0].get("stop") == [stop]  # sent: the server stops early
     assert stop not in (g.text or mini_llama.tokenizer.decode(g.token_ids))
+    if g.finish_reason == "stop":  # cut here: its re-tokenized ids at the cut are not the server's own
+        assert not g.ids_exact and g.text is not None
 
 
 def test_usage_counts_decide_whether_retokenized_ids_are_trusted(smollm2):
@@ -231,3 +233,24 @@ def test_verify_parts_are_checked_before_any_work(tmp_path):
                                     str(tmp_path)])
     assert res.exit_code == 2 and "--parts 'diff,golds': unknown ['golds']" in res.output
     assert not any(tmp_path.iterdir())
+
+
+def test_another_model_behind_the_url_is_refused_as_such(mini_llama):
+    with QuirkServer(mini_llama, {"text_only", "no_tokenize", "another_model"}) as srv:
+        with pytest.raises(ModelError) as ei:
+            _engine(srv.url, mini_llama)
+    msg = str(ei.value)
+    assert "another model than --model" in msg and "BOS" not in msg and "\n" not in msg
+
+
+def test_a_prompt_the_servers_tokenizer_reads_otherwise_is_not_judged_as_tokens(mini_llama):
+    """Only long prompts are counted otherwise: the canary passes, and those rows are 'not comparable', never a
+    FAIL built on tokens the server never read."""
+    from evalsuite.compare.diff import DiffSpec, run_diff
+
+    with QuirkServer(mini_llama, TSERVE | {"long_split"}) as srv:
+        r = run_diff(DiffSpec(engine="openai", model="mini-llama", prompts="quick", max_new_tokens=8,
+                              engine_options=(("base_url", srv.url),))).to_json()
+    assert r["verdict"] == "INCONCLUSIVE" and r["real_mismatches"] == 0
+    split = [n for n in r["not_checked"] if "read the prompt as" in n]
+    assert split and all("not comparable token for token" in n for n in split)
