@@ -305,8 +305,9 @@ def capabilities(eng) -> Capabilities:
 
 # ---- pace: how many requests at once, how long each may take ------------------------------------------------
 # Two identical requests sent together take at least this many times one alone on a server that runs one
-# request at a time (2.0 ideally; transformers serve and llama-cpp-python measured 1.9-2.1 with smollm2 here),
-# and about 1.0 on one that batches them (evalsuite serve); between the two, it is not treated as overlapping.
+# request at a time (2.0 ideally; measured with smollm2 here: transformers serve 2.0x, llama-cpp-python 0.3.36
+# 1.8x), and about 1.0 on one that batches them (evalsuite serve on mini-llama: 1.1x); in between, a server is not
+# treated as overlapping requests.
 SERIAL_RATIO = 1.5
 # Below this a pair is too quick for the ratio to mean anything (timer and loopback noise); such a server is fast
 # enough that a few queued requests cost nothing.

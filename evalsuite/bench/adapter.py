@@ -365,8 +365,9 @@ class EngineLM(TemplateLM):
 def _tokens_record(g) -> dict:
     """A generation's ids, top-k ids and logprobs (NaN: not given, as null) and whether the ids are the engine's."""
     lps = np.asarray(g.top_logprobs, np.float64)
+    lps = lps.reshape(len(lps), -1) if lps.size else np.zeros((0, 1))  # an empty generation has no columns either
     return {"token_ids": [int(t) for t in g.token_ids], "top_ids": np.asarray(g.top_ids, np.int64).tolist(),
-            "top_logprobs": [[None if np.isnan(v) else float(v) for v in row] for row in lps.reshape(len(lps), -1)],
+            "top_logprobs": [[None if np.isnan(v) else float(v) for v in row] for row in lps],
             "ids_exact": bool(g.ids_exact),
             **({"prompt_counted": int(g.prompt_counted)} if getattr(g, "prompt_counted", None) is not None else {})}
 
