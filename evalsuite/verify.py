@@ -101,8 +101,8 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
         p = {k: d[k] for k in ("verdict", "real_mismatches", "benign_divergences", "prompts",
                                "prompts_identical", "noise_tolerance", "batch_invariance_required")}
         p["float32_build"] = d.get("float32_build")  # bf16: the engine built in float32 (compare/build.py)
-        p["warnings"] = [f"not checked: {n}" for n in d["checks_not_possible"]] + [
-            f"not checked (no PASS without it): {n}" for n in d["not_checked"]]
+        p["warnings"] = [f"not checked (no PASS without it): {n}" for n in d["not_checked"]] + [
+            f"not checked: {n}" for n in d["checks_not_possible"]]  # what blocks a PASS first: the report's "why"
         return p
 
     def task_part(task: str) -> dict:
