@@ -306,6 +306,11 @@ class Engine(abc.ABC):
     # a plugin that does not say), and checks then say which of its paths ran is unknown
     paths: ClassVar[tuple[str, ...]] = ()
 
+    def run_notes(self) -> list[str]:
+        """What blocks a PASS that the engine found while running (a server: prompts it read otherwise); [] by
+        default."""
+        return []
+
     @classmethod
     def fault_catalogue(cls) -> list[dict]:
         """One row per name in `faults` for a fault table (docs/faults.md): name, what (the faulted engine does),

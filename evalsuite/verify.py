@@ -89,8 +89,6 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
             parts[name] = _not_checked(why)
 
     def golden_part() -> dict:
-        if model not in golden.DEFAULTS:
-            return {"verdict": "SKIPPED", "problems": [f"no golden settings for {model}"]}
         g = golden.check(model, engine, dtype, fault, extra=dict(engine_options))
         return {"verdict": g.verdict, "problems": list(g.problems), "summary": g.summary,
                 "warnings": list(g.not_checked)}
@@ -115,7 +113,9 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
                                                            "items_failing", "first_failures")},
                 "judge_work": r["judge_work"]}
 
-    if "golden" in parts_asked:
+    if "golden" in parts_asked and model not in golden.DEFAULTS:
+        parts["golden"] = {"verdict": "SKIPPED", "problems": [f"no golden settings for {model}"]}
+    elif "golden" in parts_asked:
         progress(f"verify: golden check ({engine})")
         part("golden", golden_part)
     if "diff" in parts_asked:
@@ -123,17 +123,18 @@ def run_verify(model: str, engine: str, dtype: str, fault: str | None, out: Path
         part("diff", diff_part)
     for task in run_tasks:
         part(task, lambda task=task: task_part(task))
-    not_run = [name for name in PARTS if name not in parts]
-    overall = combine(p["verdict"] for p in parts.values())
-    warnings = [f"{name}: {w}" for name, p in parts.items() for w in p.get("warnings", [])]
-    result = VerifyResult(verdict=overall, model=model, engine=engine, dtype=dtype, fault=fault, parts=parts,
-                          warnings=tuple(warnings), details={
-                              "parts_not_run": not_run,
-                              "base_url": dict(engine_options).get("base_url"),
-                              "data": {None: "bundled samples", "bundled": "bundled samples",
-                                       "hub": "the hub (datasets)"}.get(data_dir, data_dir),
-                              "versions": versions(),
-                              "seconds": round(time.time() - t0, 1)})
+    return _write(out, VerifyResult(
+        verdict=combine(p["verdict"] for p in parts.values()), model=model, engine=engine, dtype=dtype, fault=fault,
+        parts=parts, warnings=tuple(f"{name}: {w}" for name, p in parts.items() for w in p.get("warnings", [])),
+        details={"parts_not_run": [name for name in PARTS if name not in parts],
+                 "base_url": dict(engine_options).get("base_url"),
+                 "data": {None: "bundled samples", "bundled": "bundled samples",
+                          "hub": "the hub (datasets)"}.get(data_dir, data_dir),
+                 "versions": versions(), "seconds": round(time.time() - t0, 1)}))
+
+
+def _write(out: Path, result: VerifyResult) -> VerifyResult:
+    """verify.json and report.md, whatever the parts did."""
     write_json(out / "verify.json", result.to_json())
     (out / "report.md").write_text(verify_markdown(result.to_json()))
     return result

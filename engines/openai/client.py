@@ -17,13 +17,10 @@ Prompts go as token-id lists where the server accepts them, else as text whose t
 checked per prompt through the tokenize endpoint; without one, `prompt_not_checked` says so and
 no verdict over this engine can PASS. It never provides full-vocabulary logits or taps.
 
-Requests: engines/openai/http.py (4xx and validation errors are not retried; 5xx, refused
-connections and malformed bodies are, with bounded backoff; a generation that got no reply is never
-sent again, and a server that stopped answering is named as dead). How many requests go at once and
-how long each may take are learned from the server at the probe (probe.probe_pace): a server that
-runs one request at a time gets one at a time, and each request's deadline is sized from the
-measured tokens/s; while requests wait, the console says so ("server busy: ..."). The API key is read from the named
-environment variable and sent as a bearer token; it is never printed, logged or put in an error.
+Requests: engines/openai/http.py (what is retried; a generation without a reply is never re-sent;
+a dead server is named). engines/openai/pace.py: how many requests go at once and each one's
+deadline, learned at the probe; while requests wait the console says so ("server busy: ..."). The API
+key is read from the named environment variable and sent as a bearer token; it is never printed.
 """
 
 from __future__ import annotations
@@ -33,21 +30,19 @@ import json
 import os
 import sys
 import threading
-import time
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from engines.base import Engine, EngineOptions, Forced, Generation
 from engines.config import Config
 from engines.errors import ModelError
-from engines.openai import http, parse, probe
+from engines.openai import http, pace, parse, probe
 from engines.openai.http import BACKOFF_S, MAX_ATTEMPTS  # noqa: F401  (re-exported for callers and tests)
 from engines.openai.probe import CANARY_PROMPT  # noqa: F401
 
-TIMEOUT_S = 300.0  # the least a request's deadline is; the learned deadline (probe.deadline) is often longer
+TIMEOUT_S = 300.0  # the least a request's deadline is; the learned deadline (pace.deadline) is often longer
 ROWS_PER_REQUEST = 16  # prompts per /v1/completions call (where the server takes several)
-CONCURRENT_REQUESTS = 4  # in flight at once where the server serves requests together (probe.probe_pace)
+CONCURRENT_REQUESTS = 4  # in flight at once where the server serves requests together (pace.probe_pace)
 ECHO_CONCURRENT = 8  # teacher-forced (echo) requests in flight at once, one prompt each, on such a server
 WAIT_REPORT_S = 30.0  # while requests are outstanding, the console hears about them this often
 
@@ -57,7 +52,7 @@ class Remote:
     base_url: str  # e.g. http://127.0.0.1:8000/v1
     served_model: str | None = None
     api_key_env: str | None = None
-    timeout_s: float | None = None  # seconds per request; None: learned from the server's pace (probe.deadline)
+    timeout_s: float | None = None  # seconds per request; None: learned from the server's pace (pace.deadline)
 
 
 class OpenAIEngine(Engine):
@@ -116,7 +111,7 @@ class OpenAIEngine(Engine):
         self.probing = True  # a prompt-count mismatch while probing is fatal (another model); later it marks a row
         self.read_differently: list[tuple[int, int]] = []  # (server's count, ours) of prompts read otherwise
         self._lock = threading.Lock()
-        self.concurrency = 1  # requests in flight at once; probe.probe_pace raises it where the server overlaps them
+        self.concurrency = 1  # requests in flight at once; pace.probe_pace raises it where the server overlaps them
         self.tokens_per_s: float | None = None  # the server's decode pace at the probe (None: not measured)
         self.prefill_per_s: float | None = None  # and its prefill pace (prompt tokens/s)
         self.stops_kept = False  # the server stops at a stop string but leaves it in the text
@@ -144,7 +139,7 @@ class OpenAIEngine(Engine):
 
     def deadline(self, body: dict) -> float:
         """Seconds this request may take: the user's --timeout, else sized from the server's measured pace."""
-        return self.remote.timeout_s or probe.deadline(self, body)
+        return self.remote.timeout_s or pace.deadline(self, body)
 
     # ---- probing ---------------------------------------------------------------------------------
     def _probe(self):
@@ -171,7 +166,7 @@ class OpenAIEngine(Engine):
         self.token_prompts = probe.probe_token_prompts(self, f)  # before the probes that send prompts
         self.ignore_eos, self.sampling = probe.probe_request_fields(self, f)
         canary = probe.probe_generation(self, f)
-        probe.probe_pace(self, f, canary)
+        pace.probe_pace(self, f, canary)
         self.echo_path, self.echo_misaligned = probe.probe_echo(self, f, canary)
         self.max_context = probe.probe_extras(self, f, canary, info)
         self.batched = probe.probe_batched(self, f)  # last: the request some servers break on
@@ -354,7 +349,7 @@ class OpenAIEngine(Engine):
             return gens
 
         tokens = [len(prompts[i]) + max_new_tokens for c in chunks for i in c]
-        out = [g for part in self._fan_out(run, chunks, self.concurrency, sum(tokens) // max(len(chunks), 1))
+        out = [g for part in pace.fan_out(self, run, chunks, self.concurrency, sum(tokens) // max(len(chunks), 1))
                for g in part]
         if stop_check is not None:
             for g in out:
@@ -391,59 +386,11 @@ class OpenAIEngine(Engine):
         # overlaps requests: one that batches concurrent requests (evalsuite serve does) scores them in one call
         pairs = list(zip(prompts, continuations))
         workers = ECHO_CONCURRENT if self.concurrency > 1 else 1
-        return self._fan_out(one, pairs, workers, sum(len(p) + len(x) for p, x in pairs) // max(len(pairs), 1))
+        return pace.fan_out(self, one, pairs, workers, sum(len(p) + len(x) for p, x in pairs) // max(len(pairs), 1))
 
     def run_notes(self) -> list[str]:
         """What blocks a PASS that was found while running (not at the probe): prompts the server read otherwise."""
-        if not self.read_differently:
-            return []
-        used, n = self.read_differently[0]
-        return [f"prompt tokenization: the server read {len(self.read_differently)} prompt(s) as a different number "
-                f"of tokens than --model's tokenizer (e.g. {used} where it makes {n}; the canary's counts agreed): its "
-                "tokenizer splits some texts otherwise, so those rows are not comparable token for token"]
-
-    def _fan_out(self, fn, items: list, workers: int, tokens_each: int) -> list:
-        """fn over items, `workers` requests in flight; every WAIT_REPORT_S while some are outstanding the console
-        hears how many are answered, running and queued, and how long the slowest has run. The first error stops
-        the rest (those not yet sent are never sent) and is raised."""
-        if len(items) <= 1:
-            return [fn(x) for x in items]
-        started: dict[int, float] = {}
-        lock = threading.Lock()
-
-        def job(i):
-            with lock:
-                started[i] = time.monotonic()
-            try:
-                return fn(items[i])
-            finally:
-                with lock:
-                    started.pop(i, None)
-
-        pool = ThreadPoolExecutor(max_workers=max(1, workers))
-        futs = {pool.submit(job, i): i for i in range(len(items))}
-        results: list = [None] * len(items)
-        pending, last = set(futs), time.monotonic()
-        try:
-            while pending:
-                done, pending = wait(pending, timeout=WAIT_REPORT_S, return_when=FIRST_COMPLETED)
-                for f in done:
-                    results[futs[f]] = f.result()
-                if pending and time.monotonic() - last >= WAIT_REPORT_S:
-                    last = time.monotonic()
-                    with lock:
-                        running = sorted(started.values())
-                    self.notify(probe.busy_line(self, len(items) - len(pending), len(items), len(running),
-                                                len(pending) - len(running),
-                                                last - running[0] if running else 0.0, tokens_each))
-        except BaseException:
-            for f in pending:
-                f.cancel()
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        pool.shutdown(wait=True)
-        return results
-
+        return [probe.read_otherwise(self.read_differently)] if self.read_differently else []
 
 def _with_context(c: Config, n: int) -> Config:
     import dataclasses

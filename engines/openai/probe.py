@@ -303,99 +303,6 @@ def capabilities(eng) -> Capabilities:
         notes=tuple(eng.notes), findings=tuple((k, v.ok, v.detail) for k, v in f.items()))
 
 
-# ---- pace: how many requests at once, how long each may take ------------------------------------------------
-# Two identical requests sent together take at least this many times one alone on a server that runs one
-# request at a time (2.0 ideally; measured with smollm2 here: transformers serve 2.0x, llama-cpp-python 0.3.36
-# 1.8x), and about 1.0 on one that batches them (evalsuite serve on mini-llama: 1.1x); in between, a server is not
-# treated as overlapping requests.
-SERIAL_RATIO = 1.5
-# Below this a pair is too quick for the ratio to mean anything (timer and loopback noise); such a server is fast
-# enough that a few queued requests cost nothing.
-PACE_MIN_S = 0.2
-# Pairs sent, the fastest kept: evalsuite serve compiles on a new batch shape, and its first pair of a mini model
-# measured 88x one request, the second 1.1x.
-PACE_PAIRS = 2
-PACE_PROMPT_REPEAT = 24  # the canary prompt this many times over: a prefill pace on about 200 tokens
-# A request's deadline: this many times the time the server's measured pace says it needs (prefill + decode of
-# every prompt in it), plus PACE_SLACK_S, and never under the client's TIMEOUT_S. Generous on purpose: a request
-# that passes it is not sent again, so a deadline that is too short loses work; one too long only waits.
-DEADLINE_FACTOR = 4.0
-PACE_SLACK_S = 30.0
-CHARS_PER_TOKEN = 3.0  # a text prompt's token count, estimated on the long side (English BPE: about 4)
-
-
-def probe_pace(eng, f: dict, canary: dict) -> None:
-    """The server's decode and prefill pace and whether it overlaps requests: the canary again (warm), a long
-    prompt for one token, then the canary twice at once. Sets eng.tokens_per_s, eng.prefill_per_s and
-    eng.concurrency."""
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-
-    body = eng.body(canary["prompt"], CANARY_TOKENS)
-    t = time.monotonic()
-    r = eng.completion_raw(body)
-    one = time.monotonic() - t
-    made = parse.counted(r, 1) or len(canary["ids"]) or CANARY_TOKENS
-    eng.tokens_per_s = made / max(one, 1e-3)
-    long_ids = list(canary["prompt"]) * PACE_PROMPT_REPEAT
-    try:
-        t = time.monotonic()
-        eng.completion_raw(eng.body(long_ids, 1))
-        eng.prefill_per_s = len(long_ids) / max(time.monotonic() - t, 1e-3)
-    except ModelError:  # a server with a short context, or a prompt that does not survive as text
-        eng.prefill_per_s = None
-    two = float("inf")
-    for _ in range(PACE_PAIRS):  # the fastest pair: the first may pay for a new batch shape (a JIT compile)
-        t = time.monotonic()
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            list(pool.map(lambda _: eng.completion_raw(body), range(2)))
-        two = min(two, time.monotonic() - t)
-    from engines.openai.client import CONCURRENT_REQUESTS
-
-    serial = two >= PACE_MIN_S and two >= SERIAL_RATIO * one
-    eng.concurrency = 1 if serial else CONCURRENT_REQUESTS
-    pre = f", prefill about {eng.prefill_per_s:.0f} tokens/s" if eng.prefill_per_s else ""
-    f["pace"] = Finding(True, f"about {eng.tokens_per_s:.1f} tokens/s decoding one request{pre}; two requests at once "
-                              f"took {two / max(one, 1e-3):.1f}x one: "
-                        + ("it runs one at a time, so the client sends one at a time" if serial else
-                           f"it overlaps them, so the client sends up to {eng.concurrency} at once"))
-
-
-def _prompt_tokens(p) -> int:
-    if isinstance(p, str):
-        return int(len(p) / CHARS_PER_TOKEN) + 1
-    if isinstance(p, list) and p and isinstance(p[0], (list, str)):
-        return sum(_prompt_tokens(x) for x in p)
-    return len(p) if isinstance(p, list) else 1
-
-
-def deadline(eng, body: dict) -> float:
-    """Seconds a completion may take before it is given up (never sent again): from the pace measured at the
-    probe; the client's TIMEOUT_S until the pace is known."""
-    from engines.openai.client import TIMEOUT_S
-
-    if not getattr(eng, "tokens_per_s", None):
-        return TIMEOUT_S
-    p = body.get("prompt")
-    rows = len(p) if isinstance(p, list) and p and isinstance(p[0], (list, str)) else 1
-    prefill = getattr(eng, "prefill_per_s", None) or eng.tokens_per_s
-    need = _prompt_tokens(p) / prefill + rows * max(int(body.get("max_tokens") or 0), 1) / eng.tokens_per_s
-    return max(TIMEOUT_S, DEADLINE_FACTOR * need + PACE_SLACK_S)
-
-
-def _dur(s: float) -> str:
-    return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min"
-
-
-def busy_line(eng, answered: int, total: int, running: int, queued: int, slowest: float, tokens_each: int) -> str:
-    """The console's line while requests wait: "server busy: 2 of 5 answered, 1 running, 2 queued here; slowest
-    4.1 min (about 40 s each at the probe's pace)"."""
-    pace = (f" (about {_dur(tokens_each / eng.tokens_per_s)} each at the probe's {eng.tokens_per_s:.1f} tokens/s)"
-            if getattr(eng, "tokens_per_s", None) else "")
-    return (f"server busy: {answered} of {total} requests answered, {running} running, {queued} queued here; "
-            f"slowest running for {_dur(slowest)}{pace}")
-
-
 def count_mismatch(eng, used: int, n: int) -> str:
     """Why a server's prompt-token count differs from --model's tokenization, said as the evidence allows."""
     tokenize = eng.findings.get("tokenize") if isinstance(getattr(eng, "findings", None), dict) else None
@@ -408,3 +315,11 @@ def count_mismatch(eng, used: int, n: int) -> str:
                f"(it serves {eng.model_id!r})")
     return (f"the server counted {used} prompt tokens where --model's tokenizer makes {n} ({why}): token-level "
             "comparison is impossible")
+
+
+def read_otherwise(pairs: list[tuple[int, int]]) -> str:
+    """The not-checked line for prompts a server counted otherwise than --model's tokenizer, (its count, ours)."""
+    used, n = pairs[0]
+    return (f"prompt tokenization: the server read {len(pairs)} prompt(s) as a different number of tokens than "
+            f"--model's tokenizer (e.g. {used} where it makes {n}; the canary's counts agreed): its tokenizer splits "
+            "some texts otherwise, so those rows are not comparable token for token")

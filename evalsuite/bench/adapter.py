@@ -272,19 +272,14 @@ class EngineLM(TemplateLM):
 
                 def done(j: int, g, chunk=chunk, until=until, extra=None) -> None:
                     i = chunk[j]
-                    tok = self.model.tokenizer
-                    # a server's own text where its ids could not be recovered from it (compare/text.py)
+                    tok = self.model.tokenizer  # a server's own text where its ids are not its own (compare/text)
                     text = g.text if not g.ids_exact and g.text is not None else visible_text(tok, g.token_ids)
                     out[i], hit = cut_at_stop(text, until)
                     finish = "stop" if hit or g.finish_reason == "stop" else "length"
-                    if self.journal:
-                        # the server's own token count where it gives one (re-tokenized text can count otherwise);
-                        # the response without special tokens, which text-only servers strip
-                        counts = {"generated_tokens": g.counted if g.counted is not None else len(g.token_ids)}
-                        if g.counted is not None and g.counted != len(g.token_ids):
-                            counts["retokenized_tokens"] = len(g.token_ids)
+                    if self.journal:  # a server's own token count; the response without (stripped) special tokens
                         self.journal.add([{"key": keys[i], "kind": "gen", "result": out[i], "finish_reason": finish,
-                                           **counts, "raw": text,
+                                           "generated_tokens": len(g.token_ids) if g.counted is None else g.counted,
+                                           "retokenized_tokens": len(g.token_ids), "raw": text,
                                            "response_plain": tok.decode(tok.encode(out[i]), skip_special=True),
                                            **_tokens_record(g), **(extra or {})}])
                     tally.add(judge_generation(docs[i], out[i]))
@@ -368,8 +363,7 @@ def _tokens_record(g) -> dict:
     lps = lps.reshape(len(lps), -1) if lps.size else np.zeros((0, 1))  # an empty generation has no columns either
     return {"token_ids": [int(t) for t in g.token_ids], "top_ids": np.asarray(g.top_ids, np.int64).tolist(),
             "top_logprobs": [[None if np.isnan(v) else float(v) for v in row] for row in lps],
-            "ids_exact": bool(g.ids_exact),
-            **({"prompt_counted": int(g.prompt_counted)} if getattr(g, "prompt_counted", None) is not None else {})}
+            "ids_exact": bool(g.ids_exact), "prompt_counted": g.prompt_counted}
 
 
 def journal_array(rows, dtype) -> np.ndarray | None:

@@ -362,7 +362,7 @@ def run_benchmark(spec: RunSpec, progress: Callable[[str], None] = lambda s: Non
     tested, eng_lm, requests = run_engine(spec, spec.engine, spec.dtype, spec.fault, tasks_dir, out, progress, built,
                                           key)
     # what blocks a PASS found while it ran (a served engine: prompts its tokenizer read otherwise)
-    api_notes["not_checked"] = list(api_notes["not_checked"]) + list(getattr(built, "run_notes", list)())
+    api_notes["not_checked"] = list(api_notes["not_checked"]) + list(built.run_notes())
     release_memory()  # the engine is done: its buffers go back before the judge runs
     phases["engine_s"], t = round(time.time() - t, 1), time.time()
     judged, judge_lm, _ = run_engine(spec, spec.against, "float32", None, tasks_dir, out, progress,

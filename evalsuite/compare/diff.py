@@ -204,12 +204,7 @@ def _main_group(run: _Run, idx: list[int]) -> None:
     for i, rg, eg, fo, rl, how in zip(idx, rgen, egen, forced, rec, text_only):
         pid = run.encoded[i][0].id
         if how == "unresolved":  # the server's text differs and its ids cannot be recovered: not judged
-            run.not_checked.append(
-                f"prompt {pid}: the server read the prompt as {eg.prompt_counted} tokens where the reference has "
-                f"{len(eg.prompt_ids)}: not comparable token for token" if eg.prompt_counted is not None else
-                f"prompt {pid}: the server returned no token ids and its text differs from the reference's, and "
-                "cannot be turned back into its own ids (not valid UTF-8, or not the token count the server "
-                "reported): the difference cannot be located in tokens")
+            run.not_checked.append(f"prompt {pid}: " + text.why_unresolved(eg))
             eg = rg  # placeholder so the record's shape holds; counted as not checked above
         track = rg.track()
         rec = rule.compare_prompt(rg.token_ids, track, fo, eg, tol, eos_ids=eos_ids)
@@ -222,9 +217,7 @@ def _main_group(run: _Run, idx: list[int]) -> None:
         if how is not None:
             rec["compared_as"] = how
         if how == text.TEXT_NO_SPECIAL:
-            run.not_checked.append(f"prompt {pid}: matched as text without special tokens (the server strips them from "
-                                "its text; their number is the server's own count): which special token it "
-                                "generated is unseen")
+            run.not_checked.append(f"prompt {pid}: {text.NO_SPECIAL_NOTE}")
         if how in (text.TEXT, text.TEXT_NO_SPECIAL) and np.isnan(np.asarray(eg.top_logprobs, float)).all():
             run.not_checked.append(f"prompt {pid}: matched as text only; the server's logprobs for it do "
                                 "not line up with the reference's tokens, so none were compared")
@@ -367,18 +360,12 @@ def _verdict(run: _Run, part: dict, paths: dict, own: dict | None, t0: float,
                       deterministic=measured["deterministic"], seconds=out.pop("seconds"), details=out)
 
 
-def _mean_of(xs) -> float | None:
-    """The mean of the values measured; None (not measured) when there are none."""
-    v = [x for x in xs if x is not None]
-    return float(np.mean(v)) if v else None
-
-
 def _figures(run: _Run, real: int, benign: int) -> dict:
     """The main part's headline figures and the tolerances they were judged by."""
     spec, caps, per_prompt, tol = run.spec, run.caps, run.per_prompt, run.tol
     summary = {"max_dlogprob": metrics.summary(r["tf"]["max_dlogprob"] for r in per_prompt
                                                if r["tf"]["max_dlogprob"] is not None),
-               "argmax_agreement": _mean_of([r["tf"]["argmax_agreement"] for r in per_prompt])}
+               "argmax_agreement": metrics.mean_of(r["tf"]["argmax_agreement"] for r in per_prompt)}
     if caps.logits and caps.forced:  # |Δlogit| and KL exist only where the engine was teacher-forced
         summary |= {"max_dlogit": metrics.summary(r["tf"]["max_dlogit"] for r in per_prompt
                                                   if r["tf"]["max_dlogit"] is not None),

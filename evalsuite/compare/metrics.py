@@ -31,6 +31,12 @@ def rank_of(token: int, logits: np.ndarray) -> int:
     return int((np.asarray(logits) > logits[token]).sum())
 
 
+def mean_of(values) -> float | None:
+    """The mean of the values measured; None (not measured) when there are none."""
+    v = [x for x in values if x is not None]
+    return float(np.mean(v)) if v else None
+
+
 def summary(values) -> dict:
     """n, mean, quantiles and max of the values; NaN (a value a server did not give) is left out."""
     v = np.asarray(list(values), np.float64)

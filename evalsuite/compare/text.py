@@ -17,7 +17,7 @@ def resolve(tok, tokens: list[int], eg, prefix: bool = False) -> str | None:
     """None when the engine's ids are its own; else TEXT or TEXT_NO_SPECIAL when its text matches the judge's for
     tokens (its ids are then set to tokens), or UNRESOLVED when it differs. prefix: the generation was cut by a stop
     check the server never saw (the batching part's staggered stops), so its text may run on past the judge's."""
-    if getattr(eg, "prompt_counted", None) is not None and eg.prompt_counted != len(eg.prompt_ids):
+    if eg.prompt_counted is not None and eg.prompt_counted != len(eg.prompt_ids):
         return UNRESOLVED  # the server read another token sequence: nothing after it is comparable as tokens
     if eg.ids_exact:
         return None
@@ -31,7 +31,7 @@ def resolve(tok, tokens: list[int], eg, prefix: bool = False) -> str | None:
     if same(tok.decode(list(tokens))):
         how = TEXT
     elif same(tok.decode(list(tokens), skip_special=True)) and (
-            getattr(eg, "counted", None) is None or prefix or eg.counted == len(tokens)):
+            eg.counted is None or prefix or eg.counted == len(tokens)):
         how = TEXT_NO_SPECIAL  # the special tokens' identity is unseen; their number is the server's count
     if how is None:
         return UNRESOLVED
@@ -41,3 +41,17 @@ def resolve(tok, tokens: list[int], eg, prefix: bool = False) -> str | None:
         eg.top_logprobs = np.full((n, 1), np.nan, np.float32)
         eg.top_ids = np.full((n, 1), -1, np.int64)
     return how
+
+
+NO_SPECIAL_NOTE = ("matched as text without special tokens (the server strips them from its text; their number is the "
+                   "server's own count): which special token it generated is unseen")
+
+
+def why_unresolved(eg) -> str:
+    """Why an UNRESOLVED generation was not judged, in one line."""
+    if eg.prompt_counted is not None and eg.prompt_counted != len(eg.prompt_ids):
+        return (f"the server read the prompt as {eg.prompt_counted} tokens where the reference has "
+                f"{len(eg.prompt_ids)}: not comparable token for token")
+    return ("the server returned no token ids and its text differs from the reference's, and cannot be turned back "
+            "into its own ids (not valid UTF-8, or not the token count the server reported): the difference cannot "
+            "be located in tokens")

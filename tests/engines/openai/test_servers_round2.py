@@ -13,7 +13,7 @@ import pytest
 from engines.base import Generation
 from engines.errors import ModelError
 from engines.openai import client as client_mod
-from engines.openai import parse, probe
+from engines.openai import pace, parse, probe
 from engines.openai.client import OpenAIEngine, Remote
 from tests.engines.openai.fake_server import Fake
 from tests.engines.openai.quirk_server import LLAMA_CPP, TSERVE, QuirkServer
@@ -65,9 +65,9 @@ def test_the_learned_deadline_grows_with_the_work_and_never_falls_under_the_floo
     class E:
         tokens_per_s, prefill_per_s = 10.0, 100.0
 
-    assert probe.deadline(E(), {"prompt": [1] * 10, "max_tokens": 8}) == client_mod.TIMEOUT_S
-    long = probe.deadline(E(), {"prompt": [[1] * 1000] * 16, "max_tokens": 256})
-    assert long == pytest.approx(probe.DEADLINE_FACTOR * (16_000 / 100 + 16 * 256 / 10) + probe.PACE_SLACK_S)
+    assert pace.deadline(E(), {"prompt": [1] * 10, "max_tokens": 8}) == client_mod.TIMEOUT_S
+    long = pace.deadline(E(), {"prompt": [[1] * 1000] * 16, "max_tokens": 256})
+    assert long == pytest.approx(pace.DEADLINE_FACTOR * (16_000 / 100 + 16 * 256 / 10) + pace.PACE_SLACK_S)
 
 
 # ---- 7. a server that dies mid-run is named, with the request after which it stopped answering ---------------
@@ -166,6 +166,7 @@ def test_text_without_special_tokens_matches_by_the_servers_count(smollm2):
     assert text.resolve(tok, tokens, other) == text.UNRESOLVED  # a real difference stays one
 
 
+@pytest.mark.heavy  # CI: verify's diff part over the same server, its report and results.json (test_verify_keeps_...)
 def test_diff_over_transformers_serve_quirks_reports_no_false_difference_and_no_unmeasured_number(
         tserve_like, tmp_path):
     from evalsuite.compare.diff import DiffSpec, run_diff
@@ -223,6 +224,13 @@ def test_verify_keeps_what_it_proved_when_a_part_cannot_run(tserve_like, tmp_pat
     assert json.loads((tmp_path / "verify.json").read_text())["verdict"] == "INCONCLUSIVE"
     md = (tmp_path / "report.md").read_text()
     assert "| golden | INCONCLUSIVE | not checked:" in md and "| gsm8k | not run |" in md
+    assert parts["diff"]["real_mismatches"] == 0  # no false difference over transformers serve's quirks
+    raw = (tmp_path / "diff" / "results.json").read_text()
+    d = json.loads(raw, parse_constant=lambda c: pytest.fail(f"bare {c} in results.json"))
+    assert d["summary"]["argmax_agreement"] is None and not any("differs from the reference's" in n
+                                                                for n in d["not_checked"])
+    dmd = (tmp_path / "diff" / "report.md").read_text()
+    assert "0.00e+00" not in dmd and "argmax agreement not measured" in dmd
 
 
 def test_verify_parts_are_checked_before_any_work(tmp_path):
