@@ -110,6 +110,10 @@ def _headers(key: str | None) -> dict:
     return headers
 
 
+class ServerDead(ModelError):
+    """The server stopped answering altogether (Trail.dead_message says after which request): never a refusal."""
+
+
 @dataclass(frozen=True)
 class Failure:
     status: int | None  # HTTP status, None when no reply came
@@ -206,7 +210,7 @@ def request(method: str, url: str, body: dict | None = None, *, key: str | None 
                              f"no reply ({type(reason).__name__}: {reason})")
             why = trail.dead(key) if trail is not None and (trail.answered or not refused) else None
             if why is not None:
-                raise ModelError(trail.dead_message(what, last, why)) from None
+                raise ServerDead(trail.dead_message(what, last, why)) from None
             if not resend and not refused:  # it may have reached the server, which may still be running it
                 raise ModelError(_one_line(
                     f"{method} {url}: {last}; not sent again, since the server may still be running it (it answers "

@@ -33,7 +33,7 @@ import numpy as np
 
 from engines.base import Capabilities
 from engines.errors import ModelError
-from engines.openai import parse
+from engines.openai import http, parse
 
 # Known tokenize endpoints: (path relative to the server root, request body for a text).
 TOKENIZE_ROUTES = (
@@ -89,9 +89,9 @@ def _try(eng, body, attempts: int | None = None) -> tuple[dict | None, str]:
     final. A server that stopped answering is not a refusal: that error is raised."""
     try:
         return (eng.completion_raw(body) if attempts is None else eng.completion_raw(body, attempts=attempts)), ""
+    except http.ServerDead:
+        raise
     except ModelError as e:
-        if "has stopped answering" in str(e):
-            raise
         return None, str(e).split(": ", 1)[-1]
 
 
@@ -123,7 +123,7 @@ def probe_batched(eng, f: dict) -> bool:
     if r is None and "HTTP 5" in why:
         dead = eng.trail.dead(eng._key)
         if dead is not None:
-            raise ModelError(eng.trail.dead_message("the probe's list-of-prompts completion", why, dead))
+            raise http.ServerDead(eng.trail.dead_message("the probe's list-of-prompts completion", why, dead))
     return ok
 
 
