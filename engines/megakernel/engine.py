@@ -254,10 +254,10 @@ class MegakernelEngine(Engine):
 
     def _rope_tables(self, theta: float) -> dict:
         c = self.config
-        pq, fq = ops.rope_tables(c.rope_style, c.head_dim, c.n_heads, theta)
-        pk, fk = ops.rope_tables(c.rope_style, c.head_dim, c.n_kv_heads, theta)
-        return {"perm_q": jnp.asarray(pq), "freq_q": jnp.asarray(fq),
-                "perm_k": jnp.asarray(pk), "freq_k": jnp.asarray(fk)}
+        fq, nq, _ = ops.rope_tables(c.rope_style, c.head_dim, c.n_heads, theta, c.rotary_dim)
+        fk, nk, _ = ops.rope_tables(c.rope_style, c.head_dim, c.n_kv_heads, theta, c.rotary_dim)
+        return {"first_q": jnp.asarray(fq), "freq_q": jnp.asarray(nq),
+                "first_k": jnp.asarray(fk), "freq_k": jnp.asarray(nk)}
 
     # ---- the protocol --------------------------------------------------------------------------
     @property

@@ -76,30 +76,32 @@ class KernelSpec:
     n_buffers: int = 2  # weight buffers; 1 exists only as the race detector's negative control
     want_taps: bool = False
     interpret: Any = True  # True: generic interpreter; pltpu.InterpretParams: TPU interpret mode
+    kv_buffers: int = 2  # KV tile buffers; 1 (the next tile copied over the one being read) is the same control
 
 
 def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_cache: jax.Array,
                   v_cache: jax.Array, rope: dict):
     """x [B, D] float32 (embedded tokens), pos [B] int32 (the slot each row writes).
     k_cache, v_cache [L, B, K, S, hd] float32, updated in place (aliased).
-    rope: perm_q, freq_q, perm_k, freq_k from ops.rope_tables.
+    rope: first_q, freq_q, first_k, freq_k from ops.rope_tables.
     Returns x [B, D] after the last layer, k_cache, v_cache, taps [L, B, D] (zeros if not wanted).
     """
     c = spec.config
     B, D, L, K, hd = spec.batch, c.hidden, c.n_layers, c.n_kv_heads, c.head_dim
     H, G, TS, nb = c.n_heads, c.n_heads // c.n_kv_heads, spec.tile, spec.n_buffers
-    S = spec.window or spec.slots  # the cache positions read (and copied into VMEM) per layer
+    S = spec.window or spec.slots  # the cache positions read per layer (streamed through VMEM tile by tile)
     Ld, Lm = c.n_dense_layers, c.n_moe_layers
     ak, dk, mk = attn_keys(c), dense_keys(c), moe_keys(c)
     streamed = ak + dk + mk
-    assert S % TS == 0 and S <= spec.slots and 1 <= nb <= 2
+    assert S % TS == 0 and S <= spec.slots and 1 <= nb <= 2 and 1 <= spec.kv_buffers <= 2
     kn = spec.knobs  # the faults' knobs (engines/megakernel/faults.py): each one expression below
     eps = (NORM_EPS_FAULT if c.rms_eps != NORM_EPS_FAULT else 1e-5) if kn.hardcoded_norm_eps else c.rms_eps
     n_tiles = S // TS - (1 if kn.skip_last_tile and S // TS > 1 else 0)
     gqa_t = kn.gqa_transposed  # query head h reads kv head h % K instead of h // G
+    shift = ops.rope_shift(c)
 
     def kernel(*refs):
-        pos_s, x_in, pos_v, perm_q, freq_q, perm_k, freq_k = refs[:7]
+        pos_s, x_in, pos_v, first_q, freq_q, first_k, freq_k = refs[:7]
         i = 7
         w = dict(zip(streamed, refs[i:i + len(streamed)]))
         i += len(streamed)
@@ -112,7 +114,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
         for _ in range(nb):
             buf.append(dict(zip(streamed, refs[i:i + len(streamed)])))
             i += len(streamed)
-        sem_w, kbuf, vbuf, sem_kv, sem_wb, attn_buf, newk, newv = refs[i:i + 8]
+        sem_w, kbuf0, kbuf1, vbuf0, vbuf1, sem_kv, sem_wb, attn_buf, newk, newv = refs[i:i + 10]
+        kbufs, vbufs = (kbuf0, kbuf1), (vbuf0, vbuf1)
         # kc_in/vc_in alias kc_out/vc_out (one HBM buffer on a TPU): the layers read the cache
         # through the input refs; the new slots are written through the output refs at the end.
 
@@ -137,14 +140,15 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             """Layer l (traced) whose weights sit in buffer slot s (static: l % nb)."""
             nxt = (s + 1) % nb
             b_ = buf[s]
-            if S == spec.slots:
-                k_src, v_src = kc_in.at[l], vc_in.at[l]
-            else:  # the first S positions of every row's cache
-                k_src, v_src = kc_in.at[l, :, :, pl.ds(0, S), :], vc_in.at[l, :, :, pl.ds(0, S), :]
-            k_load = pltpu.make_async_copy(k_src, kbuf, sem_kv.at[0])
-            v_load = pltpu.make_async_copy(v_src, vbuf, sem_kv.at[1])
-            k_load.start()
-            v_load.start()
+
+            def kv_tile(t):
+                """Tile t of this layer's window (cache positions t*TS..) into KV buffer slot t % kv_buffers."""
+                j = t % spec.kv_buffers
+                return [pltpu.make_async_copy(src.at[l, :, :, pl.ds(t * TS, TS), :], dst[j], sem_kv.at[j, i])
+                        for i, (src, dst) in enumerate(((kc_in, kbufs), (vc_in, vbufs)))]
+
+            for cp in kv_tile(0):  # the first tile loads under the QKV projection
+                cp.start()
             wait(ak, l, s)
 
             @pl.when(l + 1 < L)
@@ -164,30 +168,35 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 rpos = ops.round_to(rpos.astype(F32), b_["wq"].dtype).astype(jnp.int32)
             if kn.rows_pos_swapped and B > 1:
                 rpos = jnp.concatenate([rpos[1:2], rpos[0:1], rpos[2:]], axis=0)
-            q = ops.rope(q, rpos, perm_q[...], freq_q[...])
-            k = ops.rope(k, rpos, perm_k[...], freq_k[...])
-            k_load.wait()
-            v_load.wait()
+            q = ops.rope(q, rpos, first_q[...], freq_q[...], shift, roll=pltpu.roll)
+            k = ops.rope(k, rpos, first_k[...], freq_k[...], shift, roll=pltpu.roll)
 
             # The new token's K/V: staged in VMEM for the write-back DMA, and attended to as the
-            # last term of the online softmax (the cache tiles cover positions < p only), so the
-            # VMEM copy of the cache is never written.
+            # last term of the online softmax (the cache tiles cover positions < p only), so no
+            # VMEM copy of the cache is ever written.
             wdt = b_["wk"].dtype  # kv_bf16_slot: the written slot rounded to the weights' dtype (a no-op in f32)
             rounded = (lambda a: ops.round_to(a, wdt)) if kn.new_kv_in_weights_dtype else (lambda a: a)
             newk[pl.ds(l, 1)] = rounded(k).reshape(1, B, K, 1, hd)
             newv[pl.ds(l, 1)] = rounded(v).reshape(1, B, K, 1, hd)
             # Attention for all rows and kv heads at once, n = B*K groups of G query heads,
-            # streaming the cache in tiles of TS positions under an online softmax. The tile loop
-            # is static: a traced loop here made the generic interpreter carry (and copy) every
-            # scratch buffer per iteration, 5x slower at batch 8.
+            # streaming the cache from HBM in tiles of TS positions under an online softmax, double-
+            # buffered: tile t+1's copy runs while tile t is read. The tile loop is static: a traced
+            # loop here made the generic interpreter carry (and copy) every scratch buffer per
+            # iteration, 5x slower at batch 8.
             # head kh*G + g of row b -> group b*K + kh, row g
             qg = (q.reshape(B, G, K, hd).transpose(0, 2, 1, 3) if gqa_t else q).reshape(B * K, G, hd) * scale
             row_pos = jnp.repeat(pos_v[...], K, axis=0)[:, :, None]  # [n, 1, 1]
             mla = (jnp.full((B * K, G, 1), -jnp.inf, F32), jnp.zeros((B * K, G, 1), F32),
                    jnp.zeros((B * K, G, hd), F32))
             for t in range(n_tiles):
-                kt = kbuf[:, :, pl.ds(t * TS, TS), :].reshape(B * K, TS, hd)
-                vt = vbuf[:, :, pl.ds(t * TS, TS), :].reshape(B * K, TS, hd)
+                for cp in kv_tile(t):
+                    cp.wait()
+                if t + 1 < n_tiles:
+                    for cp in kv_tile(t + 1):
+                        cp.start()
+                j = t % spec.kv_buffers
+                kt = kbufs[j][...].reshape(B * K, TS, hd)
+                vt = vbufs[j][...].reshape(B * K, TS, hd)
                 sc = jnp.einsum("nqd,nkd->nqk", qg, kt, preferred_element_type=F32)  # [n, G, TS]
                 col = t * TS + jax.lax.broadcasted_iota(jnp.int32, (B * K, G, TS), 2)
                 seen = (col <= row_pos) if kn.mask_own_slot else (col < row_pos)
@@ -287,8 +296,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     n_in = len(in_specs)
     scratch = [pltpu.VMEM(hbm[k].shape[1:], hbm[k].dtype) for _ in range(nb) for k in streamed]
     scratch += [pltpu.SemaphoreType.DMA((nb, len(streamed))),
-                pltpu.VMEM((B, K, S, hd), F32), pltpu.VMEM((B, K, S, hd), F32),
-                pltpu.SemaphoreType.DMA((2,)), pltpu.SemaphoreType.DMA((2, B)),
+                *[pltpu.VMEM((B, K, TS, hd), F32) for _ in range(4)],  # K and V tiles, 2 slots each
+                pltpu.SemaphoreType.DMA((2, 2)), pltpu.SemaphoreType.DMA((2, B)),
                 pltpu.VMEM((B, H * hd), F32),
                 pltpu.VMEM((L, B, K, 1, hd), F32), pltpu.VMEM((L, B, K, 1, hd), F32)]
     out_shape = (jax.ShapeDtypeStruct((B, D), F32), jax.ShapeDtypeStruct(k_cache.shape, F32),
@@ -297,5 +306,5 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     call = pl.pallas_call(kernel, out_shape=out_shape, in_specs=in_specs, out_specs=out_specs,
                           scratch_shapes=scratch, input_output_aliases={n_in - 2: 1, n_in - 1: 2},
                           interpret=spec.interpret, name="decode_megakernel")
-    return call(pos, x, pos[:, None], rope["perm_q"], rope["freq_q"], rope["perm_k"], rope["freq_k"],
+    return call(pos, x, pos[:, None], rope["first_q"], rope["freq_q"], rope["first_k"], rope["freq_k"],
                 *[hbm[k] for k in streamed], k_cache, v_cache)

@@ -1,9 +1,9 @@
 """The megakernel's own math on arrays (used inside the kernel body and by its XLA prefill).
 
 Written separately from engines/reference on purpose: the judge and the judged share the Config
-and the weights, never the math. Formulations differ where it is natural: RoPE is one matmul with
-a signed permutation (Mosaic-friendly, no strided slices), routing picks experts by repeated
-masked max instead of top_k, attention is an online softmax over tiles.
+and the weights, never the math. Formulations differ where it is natural: RoPE takes each dimension's
+partner by lane rolls and a select (Mosaic's native lane rotate, no strided slices), routing picks
+experts by repeated masked max instead of top_k, attention is an online softmax over tiles.
 """
 
 from __future__ import annotations
@@ -34,30 +34,40 @@ def rmsnorm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope_tables(style: str, head_dim: int, n_heads: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    """For rotating a row of n_heads heads at once: rot(x) = x*cos(p*f) + (x @ P)*sin(p*f).
+def rope_tables(style: str, head_dim: int, n_heads: int, theta: float,
+                rotary_dim: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
+    """For rotating a row of n_heads heads at once: rot(x) = x*cos(p*f) + partner(x)*sin(p*f), where
+    partner(x)[a] = -x[a + shift] on the first dimension of each pair and x[b - shift] on the second.
 
-    P [n_heads*hd, n_heads*hd] is block-diagonal, one signed permutation per head that maps each
-    dimension onto its rotation partner; f [1, n_heads*hd] holds each dimension's frequency.
-    interleaved: partners (2i, 2i+1), frequency theta^(-2i/hd);
-    half:        partners (i, i+hd/2), frequency theta^(-2i/hd).
+    Returns first [1, n_heads*hd] (1.0 on each pair's first dimension), f [1, n_heads*hd] (each dimension's
+    frequency; 0 on dimensions past rotary_dim, which the rotation then leaves as they are) and shift:
+    interleaved: pairs (2i, 2i+1), shift 1; half: pairs (i, i+r/2), shift r/2 (r = rotary_dim or hd);
+    frequency theta^(-2i/r). No pair crosses a head, so rolling the whole row never mixes heads.
     """
-    half = head_dim // 2
-    perm = np.zeros((head_dim, head_dim), np.float32)
+    r = rotary_dim or head_dim
+    half = r // 2
+    first = np.zeros(head_dim, np.float32)
     freq = np.zeros(head_dim, np.float64)
     for i in range(half):
         a, b = (2 * i, 2 * i + 1) if style == "interleaved" else (i, i + half)
-        perm[b, a] = -1.0  # (x @ P)[a] = -x[b]
-        perm[a, b] = 1.0  # (x @ P)[b] = +x[a]
-        freq[a] = freq[b] = theta ** (-2.0 * i / head_dim)
-    big = np.kron(np.eye(n_heads, dtype=np.float32), perm)
-    return big, np.tile(freq, n_heads).astype(np.float32)[None, :]
+        first[a] = 1.0
+        freq[a] = freq[b] = theta ** (-2.0 * i / r)
+    shift = 1 if style == "interleaved" else half
+    return np.tile(first, n_heads)[None, :], np.tile(freq, n_heads).astype(np.float32)[None, :], shift
 
 
-def rope(x: jax.Array, pos: jax.Array, perm: jax.Array, freq: jax.Array) -> jax.Array:
-    """x [N, heads*hd] float32, pos [N, 1] int32."""
+def rope_shift(c) -> int:
+    """The distance between a dimension and its rotation partner (static; rope_tables' third value)."""
+    return 1 if c.rope_style == "interleaved" else c.rope_dim // 2
+
+
+def rope(x: jax.Array, pos: jax.Array, first: jax.Array, freq: jax.Array, shift: int, roll=jnp.roll) -> jax.Array:
+    """x [N, heads*hd] float32, pos [N, 1] int32. The rotation partner comes from two lane rolls and a select
+    (no [H*hd, H*hd] permutation matmul); roll(x, s, axis) is jnp.roll's direction (pltpu.roll in the kernel)."""
+    n = x.shape[-1]
     ang = pos.astype(F32) * freq  # [N, heads*hd]
-    return x * jnp.cos(ang) + jnp.dot(x, perm, preferred_element_type=F32) * jnp.sin(ang)
+    partner = jnp.where(first > 0, -roll(x, n - shift, 1), roll(x, shift, 1))
+    return x * jnp.cos(ang) + partner * jnp.sin(ang)
 
 
 def swiglu(h: jax.Array, g: jax.Array, u: jax.Array, d: jax.Array, gelu: bool = False) -> jax.Array:

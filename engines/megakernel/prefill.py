@@ -27,6 +27,7 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     B, T = tokens.shape
     D, H, K, hd, L = c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.n_layers
     G, Ld = H // K, c.n_dense_layers
+    shift = ops.rope_shift(c)
     P = 0 if prefix is None else prefix[0].shape[3]
     x = embed[tokens].astype(F32).reshape(B * T, D)
     pos = P + jnp.tile(jnp.arange(T, dtype=jnp.int32), B)[:, None]  # [B*T, 1]
@@ -43,8 +44,8 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
         if c.qk_norm:
             q = ops.rmsnorm(q.reshape(-1, hd), hbm["q_norm"][l], c.rms_eps).reshape(B * T, H * hd)
             k = ops.rmsnorm(k.reshape(-1, hd), hbm["k_norm"][l], c.rms_eps).reshape(B * T, K * hd)
-        q = ops.rope(q, pos, rope["perm_q"], rope["freq_q"]).reshape(B, T, H, hd)
-        k = ops.rope(k, pos, rope["perm_k"], rope["freq_k"]).reshape(B, T, K, hd)
+        q = ops.rope(q, pos, rope["first_q"], rope["freq_q"], shift).reshape(B, T, H, hd)
+        k = ops.rope(k, pos, rope["first_k"], rope["freq_k"], shift).reshape(B, T, K, hd)
         v = v.reshape(B, T, K, hd)
         kc = kc.at[l, :, :, P:P + T].set(k.transpose(0, 2, 1, 3))
         vc = vc.at[l, :, :, P:P + T].set(v.transpose(0, 2, 1, 3))

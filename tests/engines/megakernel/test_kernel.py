@@ -131,6 +131,38 @@ def test_race_detector_is_live(mini_llama):
     assert np.abs(bad[0][1:] - good[0][1:]).max() > 1e-2
 
 
+def _tiled_step(m, interpret, kv_buffers: int):
+    """One kernel step over a 64-slot window in 4 tiles of 16 (the engine's own tile is 128, so its short
+    prompts read one tile: this is what exercises the KV tiles' double buffer)."""
+    from engines.megakernel.kernel import KernelSpec, decode_layers
+
+    eng = MegakernelEngine(m.weights)
+    c = m.config
+    rng = np.random.default_rng(5)
+    shape = (c.n_layers, 2, c.n_kv_heads, 64, c.head_dim)
+    kc, vc = (jnp.asarray(rng.standard_normal(shape).astype(np.float32)) for _ in range(2))
+    spec = KernelSpec(c, 2, 64, 16, 64, interpret=interpret, kv_buffers=kv_buffers)
+    x = eng.embed[jnp.asarray([5, 6])].astype(jnp.float32)
+    return np.asarray(decode_layers(spec, eng.hbm, x, jnp.asarray([40, 63], jnp.int32), kc, vc, eng.rope)[0])
+
+
+def test_kv_tiles_double_buffered_without_races(mini_llama):
+    """The KV cache streams through VMEM in tiles, tile t+1's copy under tile t's math: in TPU interpret mode
+    (eager DMAs, race detector on) no race, the generic interpreter's numbers; with ONE tile buffer (the next
+    tile copied over the one being read) the detector must flag it and the numbers go wrong."""
+    from engines.megakernel.engine import tpu_interpret_params
+
+    want = _tiled_step(mini_llama, True, 2)
+    pltpu.reset_tpu_interpret_mode_state()
+    got = _tiled_step(mini_llama, tpu_interpret_params(), 2)
+    assert not races_found()
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    pltpu.reset_tpu_interpret_mode_state()
+    bad = _tiled_step(mini_llama, tpu_interpret_params(), 1)
+    assert races_found()
+    assert np.abs(bad - want).max() > 1e-2
+
+
 # Each fault must move the kernel's logits by more than this (teacher-forced, mini-moe, 2 rows, one of
 # them crossing the 128-slot attention tile boundary), yet stay a "small" bug: finite, no larger than
 # the logit range. Two are subtle by nature and must only leave the faithful kernel's bound (F32_LOGIT_TOL):
