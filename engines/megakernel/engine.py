@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import lru_cache
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.pallas import tpu as pltpu
 
 from engines import compile_cache
 from engines.base import (
@@ -38,46 +38,20 @@ from engines.loop import (
     pad,
 )
 from engines.megakernel import ops
-from engines.megakernel.faults import ALL_FAULTS, BY_NAME, FAULTS, Knobs, knobs, rows
-from engines.megakernel.kernel import KernelSpec, attn_keys, decode_layers, dense_keys, moe_keys
+from engines.megakernel.budget import budget
+from engines.megakernel.faults import ALL_FAULTS, BY_NAME, FAULTS, Knobs, knobs, rows, stale_feedback
+from engines.megakernel.kernel import KernelSpec, decode_layers, hbm_arrays
 from engines.megakernel.prefill import prefill_hidden
+from engines.megakernel.tpu import CHIPS, DEFAULT_CHIP, lower, races_found, tpu_interpret_params
 from engines.weights import Weights
 
 F32 = jnp.float32
 MAX_BATCH = 8  # the kernel's rows per call (each row at its own position)
 ATTN_TILE = 128  # cache positions per online-softmax step (or all slots when fewer)
-INTERPRET_MODES = ("generic", "tpu")
-KEEP_F32 = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "router", "router_bias")  # tiny, precision-critical
+INTERPRET_MODES = ("generic", "tpu", "mosaic")  # mosaic: compiled by Mosaic, on a TPU only
 # bfloat16 mode as declared to the judge: bf16 matrices and matmul inputs, f32 accumulation, and the router, the
 # residual stream and the KV cache in float32 (the norms and the router bias are float32 in every recipe)
 BF16_RECIPE = Recipe(f32_weights=("router",))
-
-
-def tpu_interpret_params() -> pltpu.InterpretParams:
-    """TPU interpret mode as the tests run it: DMAs execute at once (exposes use-before-wait) and
-    the happens-before race detector is on."""
-    return pltpu.InterpretParams(detect_races=True, dma_execution_mode="eager")
-
-
-def races_found() -> bool:
-    """Whether TPU interpret mode's race detector has flagged anything since its state was reset.
-    (jax 0.10.2 keeps this in a private module; there is no public accessor.)"""
-    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
-
-    return bool(ipc.races is not None and ipc.races.races_found)
-
-
-def hbm_arrays(w: Weights, dtype: str) -> dict:
-    """The kernel's HBM-resident per-layer stacks: vectors become [n, 1, X] rows; matrices take the
-    mode's dtype (bf16 mode: bf16 weights), norms and the router stay float32."""
-    c = w.config
-    out = {}
-    for k in attn_keys(c) + dense_keys(c) + moe_keys(c):
-        a = w.arrays[k]
-        if k.endswith("norm") or k == "router_bias":
-            a = a[:, None, :]
-        out[k] = jnp.asarray(a, F32 if k in KEEP_F32 else jnp.dtype(dtype))
-    return out
 
 
 # Static specs whose compiled programs are kept. Each costs the process memory maps for its code (CPU, interpret
@@ -89,9 +63,9 @@ MAX_SPECS = 6
 
 
 @lru_cache(maxsize=MAX_SPECS)
-def _programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant) -> _Programs:
+def _programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip) -> _Programs:
     """One _Programs per static spec, shared by every engine built with it (weights are arguments)."""
-    return _Programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant)
+    return _Programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip)
 
 
 class _Programs:
@@ -99,9 +73,9 @@ class _Programs:
     every engine with the same spec shares them and a new engine does not trace the kernel again (smollm2:
     a tiny generate + forced + score on a second engine took 6.8 s, most of it tracing)."""
 
-    def __init__(self, c, kn: Knobs, fault_layer, n_buffers, interpret, batch_invariant):
-        self.config, self.knobs, self.fault_layer, self.n_buffers = c, kn, fault_layer, n_buffers
-        self.interpret = True if interpret == "generic" else tpu_interpret_params()
+    def __init__(self, c, kn: Knobs, fault_layer, n_buffers, interpret, batch_invariant, chip):
+        self.config, self.knobs, self.fault_layer, self.n_buffers, self.chip = c, kn, fault_layer, n_buffers, chip
+        self.interpret = {"generic": True, "tpu": tpu_interpret_params(), "mosaic": False}[interpret]
         self.batch_invariant = batch_invariant
         self.final_eps = c.rms_eps if kn.final_norm_eps is None else kn.final_norm_eps  # the decode step's
         self.jitted = {
@@ -153,16 +127,17 @@ class _Programs:
                                        tokens.shape[1], want_taps)
         return self._logits(w, x), taps
 
-    def _spec(self, batch: int, slots: int, want_taps: bool, window: int | None = None) -> KernelSpec:
+    def _spec(self, batch: int, slots: int, want_taps: bool, window: int | None, dtype: str) -> KernelSpec:
         window = window or slots
         # invariant: one tiling for every window (generate's windows are all multiples of MIN_WINDOW)
         tile = min(MIN_WINDOW if self.batch_invariant else ATTN_TILE, window)
-        return KernelSpec(self.config, batch, slots, tile, window, self.knobs.only("kernel"),
+        spec = KernelSpec(self.config, batch, slots, tile, window, self.knobs.only("kernel"),
                           self.fault_layer, self.n_buffers, want_taps, self.interpret)
+        return replace(spec, vmem_limit=budget(spec, dtype, self.chip).limit)
 
     def _decode_impl(self, w, ids, pos, kc, vc, want_taps=False, window=None):
         """The kernel step: hidden states after the last layer [B, D], the updated caches, taps."""
-        spec = self._spec(ids.shape[0], kc.shape[3], want_taps, window)
+        spec = self._spec(ids.shape[0], kc.shape[3], want_taps, window, str(w["hbm"]["wq"].dtype))
         x = w["embed"][ids].astype(F32)
         return decode_layers(spec, w["hbm"], x, pos, kc, vc, w["rope_decode"])
 
@@ -179,7 +154,7 @@ class MegakernelEngine(Engine):
     max_batch = MAX_BATCH
     streams_results = True  # continuous batching (engines.stream.greedy_stream)
     faults = ALL_FAULTS
-    options = ("batch_invariant",)
+    options = ("batch_invariant", "chip", "interpret")
     paths = ("prefill_split", "refill", "refill_group", "shrink", "finish_mid_batch", "stop", "shared_prefix",
              "shared_prefix_unaligned", "multi_tile", "teacher_forced")
 
@@ -190,14 +165,18 @@ class MegakernelEngine(Engine):
     @classmethod
     def create(cls, model, options: EngineOptions) -> MegakernelEngine:
         return cls(model.weights, options.dtype, fault=options.fault,
-                   batch_invariant=flag_option(options.extra, "batch_invariant"))
+                   batch_invariant=flag_option(options.extra, "batch_invariant"),
+                   chip=str(options.extra.get("chip") or DEFAULT_CHIP),
+                   interpret=str(options.extra.get("interpret") or "generic"))
 
     def __init__(self, weights: Weights, dtype: str = "float32", fault: str | None = None,
                  interpret: str = "generic", fault_layer: int | None = None, n_buffers: int = 2,
-                 batch_invariant: bool = False):
+                 batch_invariant: bool = False, chip: str = DEFAULT_CHIP):
         """batch_invariant: every generate() call has one shape whatever the batch (8 rows always, each
         prompt prefilled alone, a fixed attention tile, no shared prefix), so a prompt's tokens and logprobs
-        are bitwise the same alone or batched (what vLLM's VLLM_BATCH_INVARIANT=1 promises); slower."""
+        are bitwise the same alone or batched (what vLLM's VLLM_BATCH_INVARIANT=1 promises); slower.
+        chip: the TPU generation whose VMEM the kernel is built to (engines.megakernel.budget): a model whose largest
+        decode step cannot fit it is refused, and every step passes its budget to Mosaic as the VMEM limit."""
         if dtype not in DTYPES:
             raise ModelError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
         if fault is not None and fault not in ALL_FAULTS:
@@ -205,12 +184,22 @@ class MegakernelEngine(Engine):
         if fault is not None and BY_NAME[fault].needs == "moe" and weights.config.family != "moe":
             raise ModelError(f"fault {fault} needs a MoE model; {weights.config.name} is dense")
         if interpret not in INTERPRET_MODES:
-            raise ModelError(f"unknown interpret mode {interpret!r}; expected one of {INTERPRET_MODES}")
+            raise ModelError(f"--engine-option interpret={interpret!r}: expected one of {', '.join(INTERPRET_MODES)}")
+        if interpret == "mosaic" and jax.default_backend() != "tpu":
+            raise ModelError(f"--engine-option interpret=mosaic compiles the kernel with Mosaic, which needs a TPU; "
+                             f"jax here runs on {jax.default_backend()} (docs/tpu.md)")
         if weights.config.features():  # the kernel implements the Llama/Qwen3 and DeepSeek-style MoE layer only
             raise UnsupportedModel(f"the megakernel does not implement {', '.join(weights.config.features())} "
                              f"(model {weights.config.name}); use --engine reference, or another engine")
+        if chip not in CHIPS:
+            raise ModelError(f"--engine-option chip={chip!r}: expected one of {', '.join(CHIPS)}")
         c = self.config = weights.config
         self.name = "megakernel"
+        self.chip = chip
+        largest = KernelSpec(c, MAX_BATCH, ATTN_TILE, MIN_WINDOW if batch_invariant else ATTN_TILE, want_taps=True)
+        refused = budget(largest, dtype, chip).refusal(f"the megakernel's decode step for {c.name} in {dtype}")
+        if refused:
+            raise UnsupportedModel(refused)
         compile_cache.enable()
         self.dtype, self.fault, self.weights_sha256 = dtype, fault, weights.sha256
         self.knobs = kn = knobs(fault)  # what the fault changes; the code below reads these, never its name
@@ -233,8 +222,10 @@ class MegakernelEngine(Engine):
         self.w = {"hbm": self.hbm, "embed": self.embed, "head_t": self.head_t,
                   "final_norm": self.final_norm, "rope": self.rope, "rope_decode": self.rope_decode}
         # the host-side faults leave every jitted program as the faithful engine's, and share it
-        programs = _programs(c, kn.only("kernel", "head"), self.fault_layer, n_buffers, interpret, batch_invariant)
+        programs = _programs(c, kn.only("kernel", "head"), self.fault_layer, n_buffers, interpret, batch_invariant,
+                             chip)
         self.interpret = programs.interpret  # one InterpretParams per spec, as the programs use it
+        self._programs = programs
         j = programs.jitted  # the jitted steps, by name (shared per spec)
         self._prefill, self._extend, self._prefix_kv = j["_prefill"], j["_extend"], j["_prefix_kv"]
         self._score = j["_score"]
@@ -244,6 +235,18 @@ class MegakernelEngine(Engine):
         self._paths = PathLog()
         if batch_invariant:  # one shape whatever the batch: every prompt prefilled alone, no shrink, no shared prefix
             self.paths = ("refill", "finish_mid_batch", "stop", "multi_tile", "teacher_forced")
+
+    def lower_decode(self, batch: int, window: int, want_taps: bool = False):
+        """The decode step at `batch` rows over a `window`-slot cache, lowered for TPU on this host
+        (engines.megakernel.tpu.Lowered): what Mosaic would be handed, and its budget."""
+        c = self.config
+        spec = replace(self._programs._spec(batch, window, want_taps, window, self.dtype), interpret=False)
+        sd = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)  # noqa: E731
+        cache = jax.ShapeDtypeStruct((c.n_layers, batch, c.n_kv_heads, window, c.head_dim), F32)
+        x = jax.ShapeDtypeStruct((batch, c.hidden), F32)
+        pos = jax.ShapeDtypeStruct((batch,), jnp.int32)
+        return spec, lower(lambda h, r, *a: decode_layers(spec, h, *a, r), jax.tree.map(sd, self.hbm),
+                           jax.tree.map(sd, self.rope_decode), x, pos, cache, cache)
 
     def path_log(self) -> PathLog:
         return self._paths
@@ -269,7 +272,7 @@ class MegakernelEngine(Engine):
             "engine": self.name, "dtype": self.dtype, "fault": self.fault, "fault_layer": self.fault_layer,
             "n_buffers": self.n_buffers, "interpret": str(self.interpret), "attn_tile": ATTN_TILE,
             "max_batch": MAX_BATCH, "share_prefix": self.share_prefix,
-            "batch_invariant": self.batch_invariant, "weights": self.weights_sha256})
+            "batch_invariant": self.batch_invariant, "chip": self.chip, "weights": self.weights_sha256})
 
     def _check(self, prompts, max_new):
         check_prompts(prompts, self.config.vocab_size, self.config.max_context, max_new)
@@ -342,7 +345,7 @@ class MegakernelEngine(Engine):
         generation (the stale_feedback fault keeps the previous step's ids in it)."""
         decode, shrink = self._decode_step, self._shrink_step
         if self.knobs.stale_feedback:
-            decode, shrink = _stale_feedback(decode, shrink)
+            decode, shrink = stale_feedback(decode, shrink)
         return Steps(self._prefill_step, decode, self._extend_step if self.share_prefix else None,
                      self._insert_step, shrink)
 
@@ -375,25 +378,6 @@ class MegakernelEngine(Engine):
             *_, kc, vc, taps = self._decode(self.w, jnp.asarray(ids), jnp.asarray(pos), kc, vc,
                                             want_taps=j == decoded, window=attention_window(pos, S))
         return np.asarray(taps).transpose(1, 0, 2)[:n]
-
-
-def _stale_feedback(decode, shrink):
-    """The stale_feedback fault around a decode step and its batch shrink (a "loop" knob)."""
-    prev: dict[str, np.ndarray] = {}
-
-    def step(ids, positions, state, k, want_logits):
-        ids = np.asarray(ids)
-        last = prev.get("ids")
-        fed = last if last is not None and last.shape == ids.shape else ids
-        prev["ids"] = ids.copy()
-        return decode(fed, positions, state, k, want_logits)
-
-    def shrink_rows(state, keep):
-        if prev.get("ids") is not None:
-            prev["ids"] = prev["ids"][np.asarray(keep)]
-        return shrink(state, keep)
-
-    return step, shrink_rows
 
 
 __all__ = ["MegakernelEngine", "FAULTS", "races_found", "tpu_interpret_params"]

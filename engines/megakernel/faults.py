@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
+import numpy as np
+
 NORM_EPS_FAULT = 1e-6  # norm_eps: the epsilon a kernel hard-codes (Llama 2's)
 FINAL_NORM_EPS_FAULT = 1e-2  # final_norm_eps
 ROPE_THETA_FAULT = 1.01  # rope_theta: the factor on the base
@@ -186,3 +188,22 @@ def rows() -> list[dict]:
     """The catalogue as the engine's fault table rows (engines.base.Engine.fault_catalogue), in its order."""
     return [{"name": f.name, "what": f.what, "stands_for": f.stands_for, "shows_with": SHOWS_WITH[f.needs]}
             for f in CATALOGUE]
+
+
+def stale_feedback(decode, shrink):
+    """The stale_feedback fault around a decode step and its batch shrink (a "loop" knob)."""
+    prev: dict[str, np.ndarray] = {}
+
+    def step(ids, positions, state, k, want_logits):
+        ids = np.asarray(ids)
+        last = prev.get("ids")
+        fed = last if last is not None and last.shape == ids.shape else ids
+        prev["ids"] = ids.copy()
+        return decode(fed, positions, state, k, want_logits)
+
+    def shrink_rows(state, keep):
+        if prev.get("ids") is not None:
+            prev["ids"] = prev["ids"][np.asarray(keep)]
+        return shrink(state, keep)
+
+    return step, shrink_rows

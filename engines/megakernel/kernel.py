@@ -10,9 +10,8 @@ before the kernel and the final norm + LM head after it, in XLA, as the Kimi K3 
 does: the LM head ([V, D], 113 MB in f32 for SmolLM2) does not fit VMEM next to a layer, and it is
 one memory-bound matmul XLA already does well.
 
-Routed experts: every expert of a layer is streamed and evaluated, weighted by the (sparse) gate;
-right for the small expert counts tested here, wasteful for a 384-expert model, where a real
-kernel streams only the chosen experts.
+Routed experts: the router runs in the kernel; only the distinct experts the rows chose are copied
+from HBM, one at a time through two expert buffers, so the bytes a step moves scale with top-k.
 
 On a TPU this kernel is meant to be a Mosaic candidate (no grid, ANY/VMEM/SMEM refs, DMAs on
 leading-axis slices); it is untested on TPU hardware. Here it runs in Pallas interpret mode.
@@ -44,10 +43,45 @@ def dense_keys(c: Config) -> tuple[str, ...]:
 
 
 def moe_keys(c: Config) -> tuple[str, ...]:
+    """A MoE layer's arrays streamed whole per layer (the routed experts stream one by one: expert_keys)."""
     if not c.n_moe_layers:
         return ()
     shared = ("s_gate", "s_up", "s_down") if c.n_shared_experts else ()
-    return ("router", "router_bias", "e_gate", "e_up", "e_down") + shared
+    return ("router", "router_bias") + shared
+
+
+def expert_keys(c: Config) -> tuple[str, ...]:
+    return ("e_gate", "e_up", "e_down") if c.n_moe_layers else ()
+
+
+def streamed_keys(c: Config) -> tuple[str, ...]:
+    """The per-layer weight stacks the kernel streams from HBM whole, in its order."""
+    return attn_keys(c) + dense_keys(c) + moe_keys(c)
+
+
+def expert_slots(spec) -> int:
+    """Routed-expert copies a MoE layer can need at most: every row's top-k distinct, or all experts."""
+    c = spec.config
+    return min(c.n_experts, spec.batch * c.top_k)
+
+
+KEEP_F32 = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "router", "router_bias")  # tiny, precision-critical
+
+
+def hbm_dtype(key: str, dtype: str) -> str:
+    """A streamed array's dtype in the mode `dtype` (bf16 mode: bf16 matrices; norms and the router float32)."""
+    return "float32" if key in KEEP_F32 else dtype
+
+
+def hbm_arrays(w, dtype: str) -> dict:
+    """The kernel's HBM-resident per-layer stacks (w: engines.weights.Weights): vectors become [n, 1, X] rows."""
+    out = {}
+    for k in streamed_keys(w.config) + expert_keys(w.config):
+        a = w.arrays[k]
+        if k.endswith("norm") or k == "router_bias":
+            a = a[:, None, :]
+        out[k] = jnp.asarray(a, jnp.dtype(hbm_dtype(k, dtype)))
+    return out
 
 
 def online_softmax_step(mla, scores, values):
@@ -77,6 +111,7 @@ class KernelSpec:
     want_taps: bool = False
     interpret: Any = True  # True: generic interpreter; pltpu.InterpretParams: TPU interpret mode
     kv_buffers: int = 2  # KV tile buffers; 1 (the next tile copied over the one being read) is the same control
+    vmem_limit: int | None = None  # bytes, passed to Mosaic (engines.megakernel.budget); None: Mosaic's default
 
 
 def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_cache: jax.Array,
@@ -92,7 +127,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     S = spec.window or spec.slots  # the cache positions read per layer (streamed through VMEM tile by tile)
     Ld, Lm = c.n_dense_layers, c.n_moe_layers
     ak, dk, mk = attn_keys(c), dense_keys(c), moe_keys(c)
-    streamed = ak + dk + mk
+    streamed, ek = streamed_keys(c), expert_keys(c)
+    n_slots = expert_slots(spec) if Lm else 0
     assert S % TS == 0 and S <= spec.slots and 1 <= nb <= 2 and 1 <= spec.kv_buffers <= 2
     kn = spec.knobs  # the faults' knobs (engines/megakernel/faults.py): each one expression below
     eps = (NORM_EPS_FAULT if c.rms_eps != NORM_EPS_FAULT else 1e-5) if kn.hardcoded_norm_eps else c.rms_eps
@@ -103,8 +139,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     def kernel(*refs):
         pos_s, x_in, pos_v, first_q, freq_q, first_k, freq_k = refs[:7]
         i = 7
-        w = dict(zip(streamed, refs[i:i + len(streamed)]))
-        i += len(streamed)
+        w = dict(zip(streamed + ek, refs[i:i + len(streamed) + len(ek)]))
+        i += len(streamed) + len(ek)
         kc_in, vc_in = refs[i:i + 2]
         x_out, kc_out, vc_out, taps_out = refs[i + 2:i + 6]
         i += 6
@@ -116,6 +152,9 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             i += len(streamed)
         sem_w, kbuf0, kbuf1, vbuf0, vbuf1, sem_kv, sem_wb, attn_buf, newk, newv = refs[i:i + 10]
         kbufs, vbufs = (kbuf0, kbuf1), (vbuf0, vbuf1)
+        i += 10
+        ebuf = [dict(zip(ek, refs[i + 3 * j:i + 3 * j + 3])) for j in range(2 if ek else 0)]  # two expert slots
+        eids, sem_e = (refs[i + 6], refs[i + 7]) if ek else (None, None)
         # kc_in/vc_in alias kc_out/vc_out (one HBM buffer on a TPU): the layers read the cache
         # through the input refs; the new slots are written through the output refs at the end.
 
@@ -245,19 +284,55 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                     gates = ops.pick_experts(logits, b_["router_bias"][...], router=c.router,
                                              top_k=c.top_k, norm_topk=c.norm_topk and not kn.moe_unnormalized,
                                              scale=c.routed_scale, skip_first=kn.router_skip_first)
-                    y = jnp.zeros((B, D), F32)
-                    for e in range(c.n_experts):
-                        we = (e + kn.expert_offset) % c.n_experts  # the weight slice
-                        y = y + gates[:, e:e + 1] * ops.swiglu(h, b_["e_gate"][we], b_["e_up"][we],
-                                                               b_["e_down"][we])
-                    if c.n_shared_experts:
-                        y = y + ops.swiglu(h, b_["s_gate"][...], b_["s_up"][...], b_["s_down"][...])
-                    x_out[...] = x + jnp.where(keep, y, 0.0)
+                    x_out[...] = x + jnp.where(keep, routed_experts(l - Ld, h, gates, b_), 0.0)
 
             if kn.bf16_residual:
                 x_out[...] = x_out[...].astype(jnp.bfloat16).astype(F32)
             if spec.want_taps:
                 taps_out[pl.ds(l, 1), :, :] = x_out[...][None]
+
+        def routed_experts(m, h, gates, b_):
+            """The chosen experts of MoE layer m, each copied alone from HBM (bytes a step scale with top-k, not with
+            the expert count), double-buffered: expert j+1 loads while expert j computes, and the first loads under
+            the shared expert. Experts are taken in ascending id, the order a sum over all experts would add them."""
+            E = c.n_experts
+            iota = jax.lax.broadcasted_iota(jnp.int32, (1, E), 1)
+            lane = jax.lax.broadcasted_iota(jnp.int32, eids.shape, 1)
+            left = jnp.where(jnp.max(jnp.where(gates != 0, 1, 0), axis=0, keepdims=True) > 0, iota, E)  # [1, E]
+            ids = jnp.full(eids.shape, E, jnp.int32)  # E: an unused slot
+            for j in range(n_slots):  # the distinct chosen ids, ascending
+                first = jnp.min(left, axis=-1, keepdims=True)
+                ids = jnp.where(lane == j, first, ids)
+                left = jnp.where(iota == first, E, left)
+            eids[...] = ids
+
+            def copies(j):
+                we = (eids[0, j] + kn.expert_offset) % E  # the weight slice (expert_offset: the fault's)
+                return [pltpu.make_async_copy(w[k].at[m, we], ebuf[j % 2][k], sem_e.at[j % 2, q])
+                        for q, k in enumerate(ek)]
+
+            def guarded(j, start: bool):
+                @pl.when(eids[0, j] < E)
+                def _():
+                    for cp in copies(j):
+                        if start:
+                            cp.start()
+                        else:
+                            cp.wait()
+
+            guarded(0, True)
+            shared = ops.swiglu(h, b_["s_gate"][...], b_["s_up"][...], b_["s_down"][...]) if c.n_shared_experts \
+                else None
+            y = jnp.zeros((B, D), F32)
+            for j in range(n_slots):
+                guarded(j, False)
+                if j + 1 < n_slots:
+                    guarded(j + 1, True)
+                e = eids[0, j]
+                g = jnp.sum(jnp.where(iota == e, gates, 0.0), axis=-1, keepdims=True)  # [B, 1]: gates[:, e]
+                out = ops.swiglu(h, ebuf[j % 2]["e_gate"][...], ebuf[j % 2]["e_up"][...], ebuf[j % 2]["e_down"][...])
+                y = jnp.where(e < E, y + g * out, y)  # an unused slot's buffer is never read into y
+            return y + shared if shared is not None else y
 
         if nb == 2:  # layers in pairs so that each one's buffer slot is static
             def pair(j, carry):
@@ -291,7 +366,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
     smem = pl.BlockSpec(memory_space=pltpu.SMEM)
-    in_specs = [smem] + [vmem] * 6 + [any_spec] * len(streamed) + [any_spec, any_spec]
+    in_specs = [smem] + [vmem] * 6 + [any_spec] * (len(streamed) + len(ek)) + [any_spec, any_spec]
     out_specs = (vmem, any_spec, any_spec, vmem)
     n_in = len(in_specs)
     scratch = [pltpu.VMEM(hbm[k].shape[1:], hbm[k].dtype) for _ in range(nb) for k in streamed]
@@ -300,11 +375,15 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 pltpu.SemaphoreType.DMA((2, 2)), pltpu.SemaphoreType.DMA((2, B)),
                 pltpu.VMEM((B, H * hd), F32),
                 pltpu.VMEM((L, B, K, 1, hd), F32), pltpu.VMEM((L, B, K, 1, hd), F32)]
+    if ek:  # two routed-expert slots, the chosen ids (lanes), their semaphores
+        scratch += [pltpu.VMEM(hbm[k].shape[2:], hbm[k].dtype) for _ in range(2) for k in ek]
+        scratch += [pltpu.VMEM((1, max(128, n_slots)), jnp.int32), pltpu.SemaphoreType.DMA((2, 3))]
     out_shape = (jax.ShapeDtypeStruct((B, D), F32), jax.ShapeDtypeStruct(k_cache.shape, F32),
                  jax.ShapeDtypeStruct(v_cache.shape, F32),
                  jax.ShapeDtypeStruct((L if spec.want_taps else 1, B, D), F32))
     call = pl.pallas_call(kernel, out_shape=out_shape, in_specs=in_specs, out_specs=out_specs,
                           scratch_shapes=scratch, input_output_aliases={n_in - 2: 1, n_in - 1: 2},
-                          interpret=spec.interpret, name="decode_megakernel")
+                          interpret=spec.interpret, name="decode_megakernel",
+                          compiler_params=pltpu.CompilerParams(vmem_limit_bytes=spec.vmem_limit))
     return call(pos, x, pos[:, None], rope["first_q"], rope["freq_q"], rope["first_k"], rope["freq_k"],
-                *[hbm[k] for k in streamed], k_cache, v_cache)
+                *[hbm[k] for k in streamed + ek], k_cache, v_cache)

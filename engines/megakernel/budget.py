@@ -1,0 +1,181 @@
+"""What one decode step of the megakernel holds in a TensorCore's VMEM, from its static spec alone.
+
+Every buffer the kernel declares (its VMEM inputs and outputs, the double-buffered weights of one layer, the
+KV tiles, the staging of new K/V slots) at Mosaic's tiled size: the last two dimensions padded to (8 x 32-bit
+sublanes, 128 lanes), i.e. 8 rows for float32, 16 for bfloat16. The declared part is checked against the Mosaic
+module a TPU lowering carries (tests/engines/megakernel/test_tpu.py); the live values (a layer's largest
+intermediates, which Mosaic keeps in vregs or spills to VMEM) are an estimate, labelled as one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engines.config import Config
+from engines.megakernel.kernel import KernelSpec, expert_keys, expert_slots, hbm_dtype, streamed_keys
+from engines.megakernel.tpu import DEFAULT_CHIP, chip
+from engines.weights import expected_shapes
+
+LANES = 128
+SUBLANE_BYTES = 32  # a vreg's 8 sublanes of 32 bits: 8 float32 rows, 16 bfloat16 rows per tile
+MIB = 1 << 20
+# The limit passed to Mosaic is the budget plus this share, for temporaries Mosaic allocates beyond the buffers
+# the kernel declares and the live values estimated here. Not measured: no TPU here to compile on; a TPU run's
+# compile (docs/tpu.md) is where Mosaic's own figure shows, and where this constant should be set from.
+MOSAIC_SLACK = 0.25
+
+
+def tiled_bytes(shape: tuple[int, ...], dtype: str) -> int:
+    """Bytes of a VMEM buffer in Mosaic's native tiling (a rank-1 buffer as one row)."""
+    item = np.dtype(dtype).itemsize if dtype != "bfloat16" else 2
+    dims = (1, *shape) if len(shape) == 1 else tuple(shape)
+    rows = -(-dims[-2] // (SUBLANE_BYTES // item)) * (SUBLANE_BYTES // item)
+    cols = -(-dims[-1] // LANES) * LANES
+    return int(np.prod(dims[:-2], dtype=np.int64)) * rows * cols * item
+
+
+@dataclass(frozen=True)
+class Item:
+    group: str  # weights | experts | kv tiles | activations | staging | live (estimate)
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    count: int = 1  # buffers of this shape (2 for double-buffered weights)
+
+    @property
+    def bytes(self) -> int:
+        return self.count * tiled_bytes(self.shape, self.dtype)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A decode step's VMEM, by buffer, against one chip."""
+
+    items: tuple[Item, ...]
+    chip: str
+    capacity: int  # the chip's VMEM per TensorCore
+
+    @property
+    def declared(self) -> int:
+        """The buffers the kernel declares (what Mosaic is asked to allocate, tiled)."""
+        return sum(i.bytes for i in self.items if i.group != "live (estimate)")
+
+    @property
+    def total(self) -> int:
+        return sum(i.bytes for i in self.items)
+
+    @property
+    def limit(self) -> int:
+        """The VMEM limit passed to Mosaic: the total and its slack, in whole MiB."""
+        return -(-int(self.total * (1 + MOSAIC_SLACK)) // MIB) * MIB
+
+    @property
+    def fits(self) -> bool:
+        return self.limit <= self.capacity
+
+    def by_group(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for i in self.items:
+            out[i.group] = out.get(i.group, 0) + i.bytes
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    def refusal(self, what: str) -> str | None:
+        """One line saying why `what` cannot run on this chip and what to shrink; None when it fits."""
+        if self.fits:
+            return None
+        groups = self.by_group()
+        top = next(iter(groups))
+        shrink = {"weights": "use bfloat16 weights (the kernel streams a layer's dense weights whole: no sub-layer "
+                             "tiles yet)", "experts": "use bfloat16 weights",
+                  "kv tiles": "use a smaller batch or attention tile",
+                  "live (estimate)": "use a smaller batch",
+                  "staging": "use a smaller batch", "activations": "use a smaller batch"}[top]
+        parts = ", ".join(f"{g} {mib(b)}" for g, b in groups.items())
+        return (f"{what} needs {mib(self.limit)} of VMEM with Mosaic's slack on TPU {self.chip} "
+                f"({mib(self.capacity)} a TensorCore): {parts}; {shrink}, or name a chip with more VMEM "
+                f"(--engine-option chip=...)")
+
+    def to_dict(self) -> dict:
+        return {"chip": self.chip, "capacity_bytes": self.capacity, "declared_bytes": self.declared,
+                "total_bytes": self.total, "limit_bytes": self.limit, "fits": self.fits, "by_group": self.by_group(),
+                "items": [{"group": i.group, "name": i.name, "shape": list(i.shape), "dtype": i.dtype,
+                           "count": i.count, "bytes": i.bytes} for i in self.items]}
+
+
+def mib(n: int) -> str:
+    return f"{n / MIB:.1f} MiB"
+
+
+def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
+    """Every VMEM buffer of the kernel `spec` builds with weights in `dtype`, and the live-value estimate."""
+    c: Config = spec.config
+    B, D, L, K, hd, H, TS = spec.batch, c.hidden, c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads, spec.tile
+    shapes = expected_shapes(c)
+    out = [Item("activations", "x in", (B, D), "float32"), Item("activations", "positions", (B, 1), "int32"),
+           Item("activations", "rope q", (1, H * hd), "float32", 2),
+           Item("activations", "rope k", (1, K * hd), "float32", 2),
+           Item("activations", "x out", (B, D), "float32"),
+           Item("activations", "taps", (L if spec.want_taps else 1, B, D), "float32")]
+    for k in streamed_keys(c):
+        shape = shapes[k][1:]
+        out.append(Item("weights", k, (1, *shape) if len(shape) == 1 else shape, hbm_dtype(k, dtype), spec.n_buffers))
+    for k in expert_keys(c):
+        out.append(Item("experts", k, shapes[k][2:], hbm_dtype(k, dtype), 2))
+    if expert_keys(c):
+        out.append(Item("activations", "chosen expert ids", (1, max(LANES, expert_slots(spec))), "int32"))
+    out += [Item("kv tiles", "K and V tiles", (B, K, TS, hd), "float32", 2 * spec.kv_buffers),
+            Item("activations", "attention out", (B, H * hd), "float32"),
+            Item("staging", "new K and V slots", (L, B, K, 1, hd), "float32", 2)]
+    f = max(c.ffn if c.n_dense_layers else 0, c.moe_ffn if c.n_moe_layers else 0)
+    out += [Item("live (estimate)", "MLP activations (gate, up, product)", (B, f), "float32", 3),
+            Item("live (estimate)", "q, scores and accumulator", (B * H, max(hd, TS)), "float32", 3),
+            Item("live (estimate)", "residual, normed, output", (B, D), "float32", 3)]
+    return tuple(out)
+
+
+def budget(spec: KernelSpec, dtype: str, chip_name: str = DEFAULT_CHIP) -> Budget:
+    return Budget(items(spec, dtype), chip_name, chip(chip_name).vmem_bytes)
+
+
+# Paper configurations: shapes only, no weights here. k3-sized: Kimi K3's widths (ARCHITECTURES.md section 1: hidden
+# 7168, 93 layers, 96 heads, vocab 163840, layer 0 dense 33792 wide, 896 experts top-16 of width 3072, a shared width
+# of 6144) in the layer kinds this kernel runs: GQA attention with 8 KV heads of 128 in every layer where K3 has MLA
+# and KDA, and experts on the full hidden width where K3 projects into a 3584-wide latent. A stand-in for sizing.
+PAPER_CONFIGS = {
+    "k3-sized": Config(
+        name="k3-sized", family="moe", vocab_size=163840, hidden=7168, n_layers=93, n_heads=96, n_kv_heads=8,
+        head_dim=128, ffn=33792, rope_theta=50000.0, rms_eps=1e-5, max_context=131072, tie_embeddings=False,
+        rope_style="half", n_experts=896, top_k=16, moe_ffn=3072, n_shared_experts=2, first_dense=1,
+        router="sigmoid", norm_topk=True, routed_scale=1.0),
+}
+
+
+def config_of(name: str) -> Config:
+    """A paper configuration's Config, or a registered model's (loading it)."""
+    if name in PAPER_CONFIGS:
+        return PAPER_CONFIGS[name]
+    from evalsuite.models import load_model
+
+    return load_model(name).config
+
+
+def model_budgets(models, chips, dtypes, batch: int, tile: int) -> list[dict]:
+    """`evalsuite budget`'s rows: every model x dtype x chip."""
+    from engines.megakernel.tpu import CHIPS
+
+    for c in chips:
+        if c not in CHIPS:
+            from engines.errors import ModelError
+
+            raise ModelError(f"--chip {c!r}: expected one of {', '.join(CHIPS)}")
+    rows = []
+    for name in models:
+        c = config_of(name)
+        spec = KernelSpec(c, batch, tile, tile)
+        for dtype in dtypes or ("float32", "bfloat16"):
+            for chip_name in chips or tuple(CHIPS):
+                rows.append({"model": name, "dtype": dtype, "batch": batch, "tile": tile,
+                             "budget": budget(spec, dtype, chip_name).to_dict()})
+    return rows
