@@ -206,7 +206,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             if kn.pos_in_weights_dtype:  # the position cast with the activations (exact in f32; bf16 to 256)
                 rpos = ops.round_to(rpos.astype(F32), b_["wq"].dtype).astype(jnp.int32)
             if kn.rows_pos_swapped and B > 1:
-                rpos = jnp.concatenate([rpos[1:2], rpos[0:1], rpos[2:]], axis=0)
+                rpos = jnp.concatenate([rpos[1:2], rpos[0:1]] + ([rpos[2:]] if B > 2 else []), axis=0)  # no 0-row piece
             q = ops.rope(q, rpos, first_q[...], freq_q[...], shift, roll=pltpu.roll)
             k = ops.rope(k, rpos, first_k[...], freq_k[...], shift, roll=pltpu.roll)
 
@@ -287,7 +287,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                     x_out[...] = x + jnp.where(keep, routed_experts(l - Ld, h, gates, b_), 0.0)
 
             if kn.bf16_residual:
-                x_out[...] = x_out[...].astype(jnp.bfloat16).astype(F32)
+                x_out[...] = ops.round_to(x_out[...], jnp.bfloat16)
             if spec.want_taps:
                 taps_out[pl.ds(l, 1), :, :] = x_out[...][None]
 

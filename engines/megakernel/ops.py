@@ -21,12 +21,17 @@ def mm(a: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def round_to(x: jax.Array, dtype) -> jax.Array:
-    """x (float32) rounded to dtype's precision, kept in float32: lax.reduce_precision, because XLA may fold an
-    astype pair (or a convert after a dot) away as excess precision. A no-op for float32."""
+    """x (float32) rounded to dtype's precision, kept in float32 (a no-op for float32). bfloat16 by integer ops on
+    the bits (round to nearest even: add 0x7FFF plus the kept lowest bit, clear the low 16): XLA may fold an astype
+    pair away as excess precision, and Mosaic has no lowering for lax.reduce_precision. Finite values only."""
     fi = jnp.finfo(dtype)
     if fi.bits >= 32:
         return x
-    return jax.lax.reduce_precision(x, exponent_bits=fi.nexp, mantissa_bits=fi.nmant)
+    if jnp.dtype(dtype) != jnp.bfloat16:
+        return jax.lax.reduce_precision(x, exponent_bits=fi.nexp, mantissa_bits=fi.nmant)
+    u = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    u = (u + jnp.uint32(0x7FFF) + ((u >> 16) & jnp.uint32(1))) & jnp.uint32(0xFFFF0000)
+    return jax.lax.bitcast_convert_type(u, jnp.float32)
 
 
 def rmsnorm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:

@@ -1,0 +1,122 @@
+"""The megakernel lowered for TPU on this CPU host, its VMEM budget, and what it refuses.
+
+Lowering runs Pallas' TPU lowering and hands Mosaic a module; Mosaic's own compile needs a TPU (docs/tpu.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engines.errors import ModelError, UnsupportedModel
+from engines.loop import MIN_WINDOW, cache_slots
+from engines.megakernel import MegakernelEngine
+from engines.megakernel import budget as budget_mod
+from engines.megakernel.budget import budget, tiled_bytes
+from engines.megakernel.engine import MAX_BATCH
+from engines.megakernel.faults import ALL_FAULTS, BY_NAME, knobs
+from engines.megakernel.tpu import Chip
+
+MOSAIC_DTYPES = {"f32": "float32", "bf16": "bfloat16", "i32": "int32"}
+BATCHES = (1, 2, 4, 8)  # the kernel's row buckets (engines.loop pads rows to a power of two, at most MAX_BATCH)
+
+
+def windows(max_context: int) -> list[int]:
+    """Every window bucket a decode step can read (engines.loop.cache_slots from one tile to the context)."""
+    return sorted({cache_slots(n, max_context) for n in range(1, max_context + 1, 32)})
+
+
+def kernel_faults(family: str) -> list[str]:
+    """The faults that change the kernel program itself (the others act on the host or the head)."""
+    return [f for f in ALL_FAULTS if knobs(f).only("kernel") != knobs(None).only("kernel")
+            and (family == "moe" or BY_NAME[f].needs != "moe")]
+
+
+def check_lowered(eng: MegakernelEngine, batch: int, window: int, want_taps: bool = False):
+    spec, low = eng.lower_decode(batch, window, want_taps)
+    k = low.kernel("decode_megakernel")
+    b = budget(spec, eng.dtype, eng.chip)
+    vmem = sum(tiled_bytes(shape, MOSAIC_DTYPES[d]) for shape, d, space in k.args if space == "vmem")
+    assert vmem == b.declared, (batch, window, vmem, b.declared)  # the budget counts what Mosaic is asked for
+    assert k.vmem_limit_bytes == b.limit  # and passes its limit
+    c = eng.config
+    assert k.ops["tpu.dynamic_rotate"] > 0  # RoPE by lane rotation, its tables one row each (no permutation matrix)
+    assert [a[0] for a in k.args[3:7]] == [(1, c.n_heads * c.head_dim)] * 2 + [(1, c.n_kv_heads * c.head_dim)] * 2
+    return spec, k
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def lowering_engines(request, mini_llama, mini_moe):
+    return [(m.weights, MegakernelEngine(m.weights, request.param)) for m in (mini_llama, mini_moe)]
+
+
+def test_each_configuration_axis_lowers_for_tpu(lowering_engines):
+    """Every value of every axis (family, dtype, batch bucket, window bucket, taps, kernel fault) lowered at least once;
+    the full cross product is the heavy test below."""
+    for weights, eng in lowering_engines:
+        ws = windows(eng.config.max_context)
+        for i, w in enumerate(ws):
+            check_lowered(eng, BATCHES[i % len(BATCHES)], w, want_taps=i == 0)
+        for f in kernel_faults(eng.config.family):
+            check_lowered(MegakernelEngine(weights, eng.dtype, fault=f), 2, 2 * MIN_WINDOW)
+
+
+@pytest.mark.heavy
+def test_every_configuration_lowers_for_tpu(lowering_engines):
+    """Each family x dtype x batch bucket x window bucket, and each kernel fault at every batch bucket."""
+    for weights, eng in lowering_engines:
+        for b, w in itertools.product(BATCHES, windows(eng.config.max_context)):
+            check_lowered(eng, b, w)
+        for f, b in itertools.product(kernel_faults(eng.config.family), BATCHES):
+            check_lowered(MegakernelEngine(weights, eng.dtype, fault=f), b, 2 * MIN_WINDOW)
+
+
+def test_kv_and_experts_stay_tiles_whatever_the_window(mini_moe):
+    """VMEM does not grow with the window (the cache streams in tiles) nor with the expert count (two expert slots)."""
+    eng = MegakernelEngine(mini_moe.weights)
+    small, _ = check_lowered(eng, MAX_BATCH, MIN_WINDOW)
+    large, _ = check_lowered(eng, MAX_BATCH, mini_moe.config.max_context)
+    assert budget(small, "float32").declared == budget(large, "float32").declared
+    experts = [i for i in budget(large, "float32").items if i.group == "experts"]
+    assert [i.count for i in experts] == [2, 2, 2] and all(i.shape[0] == mini_moe.config.hidden or
+                                                           i.shape[1] == mini_moe.config.hidden for i in experts)
+
+
+def test_a_step_that_cannot_fit_is_refused_in_one_line(mini_llama, monkeypatch):
+    """A chip with too little VMEM: the engine refuses at construction, naming the largest part and what to shrink."""
+    tiny = Chip("v7", 4 << 20, 3.7e12, 1.155e15, 2)
+    monkeypatch.setattr(budget_mod, "chip", lambda name: tiny)
+    with pytest.raises(UnsupportedModel) as e:
+        MegakernelEngine(mini_llama.weights)
+    msg = str(e.value)
+    assert "\n" not in msg and "kv tiles 4.0 MiB" in msg and "smaller batch or attention tile" in msg
+    assert "TPU v7 (4.0 MiB a TensorCore)" in msg
+
+
+def test_bad_chip_and_mosaic_without_tpu_are_refused(mini_llama):
+    with pytest.raises(ModelError, match="chip='v9'"):
+        MegakernelEngine(mini_llama.weights, chip="v9")
+    with pytest.raises(ModelError, match="needs a TPU; jax here runs on cpu"):
+        MegakernelEngine(mini_llama.weights, interpret="mosaic")
+
+
+def test_budget_command(tmp_path):
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "evalsuite.cli", "budget", *args], capture_output=True,
+                              text=True, timeout=300)
+
+    p = cli("--model", "mini-moe", "--model", "k3-sized", "--chip", "v7", "--chip", "v6e", "--dtype", "bfloat16",
+            "--json")
+    assert p.returncode == 0, p.stderr
+    rows = {(r["model"], r["budget"]["chip"]): r["budget"] for r in json.loads(p.stdout)}
+    assert rows[("mini-moe", "v7")]["fits"] and rows[("mini-moe", "v7")]["capacity_bytes"] == 64 << 20
+    assert rows[("mini-moe", "v6e")]["capacity_bytes"] == 128 << 20
+    assert not rows[("k3-sized", "v7")]["fits"]  # a layer's dense weights alone exceed VMEM
+    text = cli("--model", "k3-sized", "--chip", "v7", "--dtype", "bfloat16").stdout
+    assert "DOES NOT FIT" in text and "weights" in text
+    bad = cli("--chip", "v9")
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "v9" in bad.stderr
