@@ -9,7 +9,6 @@ import click
 from engines.base import DTYPES
 from engines.errors import ModelError, UnsupportedModel
 from evalsuite.cli_options import _data, _engine_options, _server, engine_option, remote_options
-from evalsuite.cli_tpu import budget_cmd
 from evalsuite.distributed import writes_files
 from evalsuite.errors import SpecError
 from evalsuite.report import dumps
@@ -352,8 +351,6 @@ def verify(model, engine, dtype, fault, output, parts, tasks, gpqa_variant, data
     click.echo(dumps(r) if as_json else verify_markdown(r))
     sys.exit(exit_code(r["verdict"]))
 
-
-main.add_command(budget_cmd)
 
 if __name__ == "__main__":
     main()

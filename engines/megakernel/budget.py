@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engines.config import Config
-from engines.megakernel.kernel import KernelSpec, expert_keys, expert_slots, hbm_dtype, streamed_keys
+from engines.megakernel.spec import KernelSpec, expert_keys, expert_slots, hbm_dtype, streamed_keys
 from engines.megakernel.tpu import DEFAULT_CHIP, chip
 from engines.weights import expected_shapes
 
@@ -138,44 +138,3 @@ def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
 def budget(spec: KernelSpec, dtype: str, chip_name: str = DEFAULT_CHIP) -> Budget:
     return Budget(items(spec, dtype), chip_name, chip(chip_name).vmem_bytes)
 
-
-# Paper configurations: shapes only, no weights here. k3-sized: Kimi K3's widths (ARCHITECTURES.md section 1: hidden
-# 7168, 93 layers, 96 heads, vocab 163840, layer 0 dense 33792 wide, 896 experts top-16 of width 3072, a shared width
-# of 6144) in the layer kinds this kernel runs: GQA attention with 8 KV heads of 128 in every layer where K3 has MLA
-# and KDA, and experts on the full hidden width where K3 projects into a 3584-wide latent. A stand-in for sizing.
-PAPER_CONFIGS = {
-    "k3-sized": Config(
-        name="k3-sized", family="moe", vocab_size=163840, hidden=7168, n_layers=93, n_heads=96, n_kv_heads=8,
-        head_dim=128, ffn=33792, rope_theta=50000.0, rms_eps=1e-5, max_context=131072, tie_embeddings=False,
-        rope_style="half", n_experts=896, top_k=16, moe_ffn=3072, n_shared_experts=2, first_dense=1,
-        router="sigmoid", norm_topk=True, routed_scale=1.0),
-}
-
-
-def config_of(name: str) -> Config:
-    """A paper configuration's Config, or a registered model's (loading it)."""
-    if name in PAPER_CONFIGS:
-        return PAPER_CONFIGS[name]
-    from evalsuite.models import load_model
-
-    return load_model(name).config
-
-
-def model_budgets(models, chips, dtypes, batch: int, tile: int) -> list[dict]:
-    """`evalsuite budget`'s rows: every model x dtype x chip."""
-    from engines.megakernel.tpu import CHIPS
-
-    for c in chips:
-        if c not in CHIPS:
-            from engines.errors import ModelError
-
-            raise ModelError(f"--chip {c!r}: expected one of {', '.join(CHIPS)}")
-    rows = []
-    for name in models:
-        c = config_of(name)
-        spec = KernelSpec(c, batch, tile, tile)
-        for dtype in dtypes or ("float32", "bfloat16"):
-            for chip_name in chips or tuple(CHIPS):
-                rows.append({"model": name, "dtype": dtype, "batch": batch, "tile": tile,
-                             "budget": budget(spec, dtype, chip_name).to_dict()})
-    return rows

@@ -19,69 +19,25 @@ leading-axis slices); it is untested on TPU hardware. Here it runs in Pallas int
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from engines.config import Config
 from engines.megakernel import ops
-from engines.megakernel.faults import NORM_EPS_FAULT, Knobs
+from engines.megakernel.faults import NORM_EPS_FAULT
+from engines.megakernel.spec import (  # noqa: F401 (KernelSpec and hbm_arrays are this module's API too)
+    KernelSpec,
+    attn_keys,
+    dense_keys,
+    expert_keys,
+    expert_slots,
+    hbm_arrays,
+    moe_keys,
+    streamed_keys,
+)
 
 F32 = jnp.float32
-
-
-def attn_keys(c: Config) -> tuple[str, ...]:
-    return ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm") + (("q_norm", "k_norm") if c.qk_norm else ())
-
-
-def dense_keys(c: Config) -> tuple[str, ...]:
-    return ("gate", "up", "down") if c.n_dense_layers else ()
-
-
-def moe_keys(c: Config) -> tuple[str, ...]:
-    """A MoE layer's arrays streamed whole per layer (the routed experts stream one by one: expert_keys)."""
-    if not c.n_moe_layers:
-        return ()
-    shared = ("s_gate", "s_up", "s_down") if c.n_shared_experts else ()
-    return ("router", "router_bias") + shared
-
-
-def expert_keys(c: Config) -> tuple[str, ...]:
-    return ("e_gate", "e_up", "e_down") if c.n_moe_layers else ()
-
-
-def streamed_keys(c: Config) -> tuple[str, ...]:
-    """The per-layer weight stacks the kernel streams from HBM whole, in its order."""
-    return attn_keys(c) + dense_keys(c) + moe_keys(c)
-
-
-def expert_slots(spec) -> int:
-    """Routed-expert copies a MoE layer can need at most: every row's top-k distinct, or all experts."""
-    c = spec.config
-    return min(c.n_experts, spec.batch * c.top_k)
-
-
-KEEP_F32 = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "router", "router_bias")  # tiny, precision-critical
-
-
-def hbm_dtype(key: str, dtype: str) -> str:
-    """A streamed array's dtype in the mode `dtype` (bf16 mode: bf16 matrices; norms and the router float32)."""
-    return "float32" if key in KEEP_F32 else dtype
-
-
-def hbm_arrays(w, dtype: str) -> dict:
-    """The kernel's HBM-resident per-layer stacks (w: engines.weights.Weights): vectors become [n, 1, X] rows."""
-    out = {}
-    for k in streamed_keys(w.config) + expert_keys(w.config):
-        a = w.arrays[k]
-        if k.endswith("norm") or k == "router_bias":
-            a = a[:, None, :]
-        out[k] = jnp.asarray(a, jnp.dtype(hbm_dtype(k, dtype)))
-    return out
 
 
 def online_softmax_step(mla, scores, values):
@@ -94,24 +50,6 @@ def online_softmax_step(mla, scores, values):
     pr = jnp.exp(scores - m_safe)
     return (m_new, lsum * alpha + jnp.sum(pr, axis=-1, keepdims=True),
             acc * alpha + jnp.einsum("nqk,nkd->nqd", pr, values, preferred_element_type=F32))
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """Static facts of one compiled decode step."""
-
-    config: Config
-    batch: int
-    slots: int  # KV cache positions per row
-    tile: int  # attention tile (cache positions per online-softmax step); divides window
-    window: int = 0  # cache positions each layer reads (every row's position is below it); 0: all slots
-    knobs: Knobs = Knobs()  # a fault's decode-step knobs (a self-test aid; the defaults: faithful)
-    fault_layer: int = 0  # the layer drop_layer skips
-    n_buffers: int = 2  # weight buffers; 1 exists only as the race detector's negative control
-    want_taps: bool = False
-    interpret: Any = True  # True: generic interpreter; pltpu.InterpretParams: TPU interpret mode
-    kv_buffers: int = 2  # KV tile buffers; 1 (the next tile copied over the one being read) is the same control
-    vmem_limit: int | None = None  # bytes, passed to Mosaic (engines.megakernel.budget); None: Mosaic's default
 
 
 def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_cache: jax.Array,
@@ -172,6 +110,12 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
 
         start(ak, 0, 0)
         start(dk if Ld else mk, 0, 0)
+        # the cache tiles any row attends: those holding a position below the highest row's (its own slot too
+        # under the mask_own_slot fault, which reads it)
+        reach = pos_s[0]
+        for b in range(1, B):
+            reach = jnp.maximum(reach, pos_s[b])
+        live = jax.lax.div(reach + (TS if kn.mask_own_slot else TS - 1), TS)  # reach >= 0: floor division
         x_out[...] = x_in[...]
         scale = 1.0 / ((hd + kn.scale_dim_offset) ** 0.5)
 
@@ -186,8 +130,11 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 return [pltpu.make_async_copy(src.at[l, :, :, pl.ds(t * TS, TS), :], dst[j], sem_kv.at[j, i])
                         for i, (src, dst) in enumerate(((kc_in, kbufs), (vc_in, vbufs)))]
 
-            for cp in kv_tile(0):  # the first tile loads under the QKV projection
-                cp.start()
+            @pl.when(live > 0)
+            def _():
+                for cp in kv_tile(0):  # the first tile loads under the QKV projection
+                    cp.start()
+
             wait(ak, l, s)
 
             @pl.when(l + 1 < L)
@@ -225,22 +172,35 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             # head kh*G + g of row b -> group b*K + kh, row g
             qg = (q.reshape(B, G, K, hd).transpose(0, 2, 1, 3) if gqa_t else q).reshape(B * K, G, hd) * scale
             row_pos = jnp.repeat(pos_v[...], K, axis=0)[:, :, None]  # [n, 1, 1]
+
+            def seen(col):
+                """Which cache positions `col` (any shape broadcasting against [n, 1, 1]) a row attends."""
+                ok = (col <= row_pos) if kn.mask_own_slot else (col < row_pos)
+                return (ok & (col > 0)) if kn.mask_first_slot else ok
             mla = (jnp.full((B * K, G, 1), -jnp.inf, F32), jnp.zeros((B * K, G, 1), F32),
                    jnp.zeros((B * K, G, hd), F32))
-            for t in range(n_tiles):
-                for cp in kv_tile(t):
-                    cp.wait()
-                if t + 1 < n_tiles:
-                    for cp in kv_tile(t + 1):
-                        cp.start()
-                j = t % spec.kv_buffers
-                kt = kbufs[j][...].reshape(B * K, TS, hd)
-                vt = vbufs[j][...].reshape(B * K, TS, hd)
-                sc = jnp.einsum("nqd,nkd->nqk", qg, kt, preferred_element_type=F32)  # [n, G, TS]
-                col = t * TS + jax.lax.broadcasted_iota(jnp.int32, (B * K, G, TS), 2)
-                seen = (col <= row_pos) if kn.mask_own_slot else (col < row_pos)
-                seen = (seen & (col > 0)) if kn.mask_first_slot else seen
-                mla = online_softmax_step(mla, jnp.where(seen, sc, -jnp.inf), vt)
+            for t in range(n_tiles):  # a tile no row attends is neither copied nor read (bitwise the same:
+                # a fully masked tile adds exactly nothing to the online softmax)
+                def tile_step(mla, t=t):
+                    for cp in kv_tile(t):
+                        cp.wait()
+                    if t + 1 < n_tiles:
+                        @pl.when(t + 1 < live)
+                        def _():
+                            for cp in kv_tile(t + 1):
+                                cp.start()
+
+                    j = t % spec.kv_buffers
+                    kt = kbufs[j][...].reshape(B * K, TS, hd)
+                    vt = vbufs[j][...].reshape(B * K, TS, hd)
+                    sc = jnp.einsum("nqd,nkd->nqk", qg, kt, preferred_element_type=F32)  # [n, G, TS]
+                    col = t * TS + jax.lax.broadcasted_iota(jnp.int32, (B * K, 1, TS), 2)
+                    # V is masked as well as the scores: an unwritten slot may hold anything (NaN included), and
+                    # a zero probability times NaN is NaN
+                    vt = jnp.where(seen(col.reshape(B * K, TS, 1)), vt, 0.0)
+                    return online_softmax_step(mla, jnp.where(seen(col), sc, -jnp.inf), vt)
+
+                mla = jax.lax.cond(t < live, tile_step, lambda m: m, mla)
             if not kn.skip_new_kv:  # the fault: the newest entry is never attended to
                 k_new = k.reshape(B * K, 1, hd)
                 sc = jnp.einsum("nqd,nkd->nqk", qg, k_new, preferred_element_type=F32)  # [n, G, 1]

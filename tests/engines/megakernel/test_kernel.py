@@ -103,6 +103,28 @@ def test_kv_slots_past_written_positions_untouched(mini_moe, interpret):
     assert not np.allclose(kc[written], kc0[written])  # and the new slot was written
 
 
+@pytest.mark.parametrize("interpret", ["generic", "tpu"])
+def test_unwritten_cache_slots_never_reach_the_output(mini_moe, interpret):
+    """Every cache slot at or past a row's position filled with NaN (as JAX's Pallas tests poison padding): the step's
+    output is finite and bitwise the one over finite garbage there. Rows at 40 and 150 of a 256-slot window: tile 0
+    is read by both, tile 1 holds row 0's unwritten slots only."""
+    eng = MegakernelEngine(mini_moe.weights, interpret=interpret)
+    c = mini_moe.config
+    rng = np.random.default_rng(1)
+    shape = (c.n_layers, 2, c.n_kv_heads, 256, c.head_dim)
+    kc, vc = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
+    pos = np.array([40, 150], np.int32)
+    kn, vn = kc.copy(), vc.copy()
+    for b, p in enumerate(pos):
+        kn[:, b, :, p:] = np.nan
+        vn[:, b, :, p:] = np.nan
+    step = lambda k, v: np.asarray(eng._decode(eng.w, jnp.asarray([5, 6]), jnp.asarray(pos), jnp.asarray(k),  # noqa: E731
+                                               jnp.asarray(v), window=256)[0])
+    poisoned = step(kn, vn)
+    assert np.isfinite(poisoned).all()
+    np.testing.assert_array_equal(poisoned, step(kc, vc))
+
+
 @pytest.mark.parametrize("name", ["mini-llama", "mini-moe"])
 def test_tpu_interpret_mode_has_no_races(name, request):
     """Full kernel in TPU interpret mode (DMAs simulated eagerly, race detector on): no race, and

@@ -104,19 +104,19 @@ def test_bad_chip_and_mosaic_without_tpu_are_refused(mini_llama):
         MegakernelEngine(mini_llama.weights, interpret="mosaic")
 
 
-def test_budget_command(tmp_path):
-    def cli(*args):
-        return subprocess.run([sys.executable, "-m", "evalsuite.cli", "budget", *args], capture_output=True,
-                              text=True, timeout=300)
+def test_budget_command():
+    def cmd(*args):
+        return subprocess.run([sys.executable, "-m", "benchmarks.vmem", *args], capture_output=True, text=True,
+                              timeout=300)
 
-    p = cli("--model", "mini-moe", "--model", "k3-sized", "--chip", "v7", "--chip", "v6e", "--dtype", "bfloat16",
+    p = cmd("--model", "mini-moe", "--model", "k3-sized", "--chip", "v7", "--chip", "v6e", "--dtype", "bfloat16",
             "--json")
     assert p.returncode == 0, p.stderr
     rows = {(r["model"], r["budget"]["chip"]): r["budget"] for r in json.loads(p.stdout)}
     assert rows[("mini-moe", "v7")]["fits"] and rows[("mini-moe", "v7")]["capacity_bytes"] == 64 << 20
     assert rows[("mini-moe", "v6e")]["capacity_bytes"] == 128 << 20
     assert not rows[("k3-sized", "v7")]["fits"]  # a layer's dense weights alone exceed VMEM
-    text = cli("--model", "k3-sized", "--chip", "v7", "--dtype", "bfloat16").stdout
+    text = cmd("--model", "k3-sized", "--chip", "v7", "--dtype", "bfloat16").stdout
     assert "DOES NOT FIT" in text and "weights" in text
-    bad = cli("--chip", "v9")
+    bad = cmd("--chip", "v9")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "v9" in bad.stderr

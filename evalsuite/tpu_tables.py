@@ -1,0 +1,49 @@
+"""The megakernel's TPU tables in docs/tpu.md, rendered from benchmarks/results/roofline.json (written by
+`python -m benchmarks.roofline --results`): bytes and FLOPs a decode step against the ideal, and its VMEM per chip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evalsuite.doctables import _absent, _load, _source, _table
+
+ROOFLINE = "benchmarks/results/roofline.json"
+MIB = 1 << 20
+
+
+def tpu_roofline(root: Path) -> str:
+    doc = _load(root, ROOFLINE)
+    if doc is None:
+        return _absent(ROOFLINE)
+    rows = [[r["model"], r["dtype"], str(r["batch"]), str(r["context"]), f"{r['kernel_bytes'] / 1e6:,.1f}",
+             f"{r['ideal_bytes'] / 1e6:,.1f}", f"{r['kernel_over_ideal']:.3f}", f"{r['flops'] / 1e9:,.2f}",
+             f"{r['on_chip']['step_s'] * 1e3:,.3f} ({r['on_chip']['bound']})"] for r in doc["rows"]]
+    k3 = doc["k3_paper"]
+    paper = [f"- k3-sized on {k3['chips']} TPU v7 ({k3['hbm_bytes_per_s_chip'] / 1e9:,.0f} GB/s a chip), batch "
+             f"{k3['batch']}, context {k3['context']:,}: {label}: {v['kernel_bytes'] / 1e9:,.1f} GB a step, "
+             f"{v['step_ms']} ms, **{v['tokens_per_s']:,} tokens/s** (a paper number)"
+             for label, v in k3["implied"].items()]
+    paper.append(f"- Inferact reported {k3['reported_tokens_per_s']:g} tokens/s for Kimi K3 at batch 1 without "
+                 f"speculation; {k3['note']}.")
+    return (_source(ROOFLINE) + _table(["model", "dtype", "batch", "context", "kernel MB", "ideal MB",
+                                        "kernel / ideal", "GFLOP", f"ms on one TPU {doc['chip']}"], rows)
+            + "\n" + "\n".join(paper) + "\n")
+
+
+def tpu_vmem(root: Path) -> str:
+    doc = _load(root, ROOFLINE)
+    if doc is None:
+        return _absent(ROOFLINE)
+    chips = list(dict.fromkeys(r["budget"]["chip"] for r in doc["vmem_batch8"]))
+    cells: dict[tuple, dict] = {}
+    for r in doc["vmem_batch8"]:
+        cells.setdefault((r["model"], r["dtype"]), {})[r["budget"]["chip"]] = r["budget"]
+    rows = []
+    for (model, dtype), by_chip in cells.items():
+        b = next(iter(by_chip.values()))
+        top = ", ".join(f"{g} {n / MIB:,.1f}" for g, n in list(b["by_group"].items())[:3])
+        rows.append([model, dtype, f"{b['limit_bytes'] / MIB:,.0f}", top,
+                     *[("fits" if by_chip[c]["fits"] else "**refused**") + f" ({by_chip[c]['capacity_bytes'] // MIB})"
+                       for c in chips]])
+    return (_source(ROOFLINE, how=" (batch 8, attention tile 128)")
+            + _table(["model", "dtype", "limit MiB", "largest parts (MiB)", *[f"TPU {c} (MiB)" for c in chips]], rows))
