@@ -42,7 +42,7 @@ def _bytes(shape: tuple[int, ...], key: str, dtype: str) -> int:
     n = 1
     for d in shape:
         n *= d
-    return n * (2 if hbm_dtype(key, dtype) == "bfloat16" else 4)
+    return n * (2 if hbm_dtype(key, dtype, len(shape)) == "bfloat16" else 4)
 
 
 def expected_distinct(n_experts: int, top_k: int, rows: int) -> float:

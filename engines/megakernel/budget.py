@@ -14,7 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from engines.config import Config
-from engines.megakernel.spec import KernelSpec, expert_keys, expert_slots, hbm_dtype, streamed_keys
+from engines.megakernel.spec import (
+    KernelSpec,
+    dense_keys,
+    expert_keys,
+    expert_slots,
+    hbm_dtype,
+    mlp_chunks,
+    streamed_keys,
+)
 from engines.megakernel.tpu import DEFAULT_CHIP, chip
 from engines.weights import expected_shapes
 
@@ -38,7 +46,7 @@ def tiled_bytes(shape: tuple[int, ...], dtype: str) -> int:
 
 @dataclass(frozen=True)
 class Item:
-    group: str  # weights | experts | kv tiles | activations | staging | live (estimate)
+    group: str  # weights | mlp chunks | experts | kv tiles | activations | staging | live (estimate)
     name: str
     shape: tuple[int, ...]
     dtype: str
@@ -87,8 +95,9 @@ class Budget:
             return None
         groups = self.by_group()
         top = next(iter(groups))
-        shrink = {"weights": "use bfloat16 weights (the kernel streams a layer's dense weights whole: no sub-layer "
-                             "tiles yet)", "experts": "use bfloat16 weights",
+        shrink = {"weights": "use bfloat16 weights (the kernel streams a layer's attention weights whole: no "
+                             "tiles of them yet)", "experts": "use bfloat16 weights (an expert streams whole)",
+                  "mlp chunks": "use bfloat16 weights",
                   "kv tiles": "use a smaller batch or attention tile",
                   "live (estimate)": "use a smaller batch",
                   "staging": "use a smaller batch", "activations": "use a smaller batch"}[top]
@@ -120,7 +129,12 @@ def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
            Item("activations", "taps", (L if spec.want_taps else 1, B, D), "float32")]
     for k in streamed_keys(c):
         shape = shapes[k][1:]
-        out.append(Item("weights", k, (1, *shape) if len(shape) == 1 else shape, hbm_dtype(k, dtype), spec.n_buffers))
+        out.append(Item("weights", k, (1, *shape) if len(shape) == 1 else shape, hbm_dtype(k, dtype, len(shape)),
+                        spec.n_buffers))
+    n = mlp_chunks(c, dtype)
+    for k in dense_keys(c):
+        D, F = (shapes[k][2], shapes[k][1]) if k == "down" else (shapes[k][1], shapes[k][2])
+        out.append(Item("mlp chunks", k, (F // n, D) if k == "down" else (D, F // n), dtype, 2))
     for k in expert_keys(c):
         out.append(Item("experts", k, shapes[k][2:], hbm_dtype(k, dtype), 2))
     if expert_keys(c):

@@ -42,6 +42,7 @@ from engines.megakernel.budget import budget
 from engines.megakernel.faults import ALL_FAULTS, BY_NAME, FAULTS, Knobs, knobs, rows, stale_feedback
 from engines.megakernel.kernel import KernelSpec, decode_layers, hbm_arrays
 from engines.megakernel.prefill import prefill_hidden
+from engines.megakernel.spec import SUPPORTED_FEATURES
 from engines.megakernel.tpu import CHIPS, DEFAULT_CHIP, lower, races_found, tpu_interpret_params
 from engines.weights import Weights
 
@@ -188,9 +189,10 @@ class MegakernelEngine(Engine):
         if interpret == "mosaic" and jax.default_backend() != "tpu":
             raise ModelError(f"--engine-option interpret=mosaic compiles the kernel with Mosaic, which needs a TPU; "
                              f"jax here runs on {jax.default_backend()} (docs/tpu.md)")
-        if weights.config.features():  # the kernel implements the Llama/Qwen3 and DeepSeek-style MoE layer only
-            raise UnsupportedModel(f"the megakernel does not implement {', '.join(weights.config.features())} "
-                             f"(model {weights.config.name}); use --engine reference, or another engine")
+        missing = [f for f in weights.config.features() if f not in SUPPORTED_FEATURES]
+        if missing:  # the kernel implements the Llama/Qwen3/Qwen2 and DeepSeek-style MoE layers
+            raise UnsupportedModel(f"the megakernel does not implement {', '.join(missing)} "
+                                   f"(model {weights.config.name}); use --engine reference, or another engine")
         if chip not in CHIPS:
             raise ModelError(f"--engine-option chip={chip!r}: expected one of {', '.join(CHIPS)}")
         c = self.config = weights.config

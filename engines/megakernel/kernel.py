@@ -1,20 +1,21 @@
 """One decode step of every layer as ONE pallas_call.
 
-Weights stay in HBM (memory_space=ANY) as per-layer stacks and are copied into VMEM scratch with
-async copies and DMA semaphores, double-buffered: layer l+1's weights load while layer l computes.
-Per layer, inside the kernel: RMSNorm, QKV projection, RoPE, KV-cache append (the new slot is
-staged in VMEM; only it is written back to HBM, for all layers after the last one), attention over
-the cache in tiles under an online softmax, output projection, residual, then the dense SwiGLU MLP
-or the MoE (router, top-k, routed experts, shared expert), residual. The embedding gather runs
-before the kernel and the final norm + LM head after it, in XLA, as the Kimi K3 TPU megakernel
-does: the LM head ([V, D], 113 MB in f32 for SmolLM2) does not fit VMEM next to a layer, and it is
-one memory-bound matmul XLA already does well.
+Weights stay in HBM (memory_space=ANY) and are copied into VMEM scratch with async copies and DMA
+semaphores, each stream double-buffered: a layer's attention (and MoE router and shared expert)
+weights load while the previous layer computes; the dense MLP streams in column chunks (chunk j+1
+loads while chunk j computes, the first under the attention); the KV cache streams in tiles under
+the online softmax, and a tile no row attends is skipped; a MoE layer's router runs in the kernel
+and only the distinct experts the rows chose are copied, one by one, so the bytes a step moves
+scale with top-k. Per layer: RMSNorm, QKV projection (and biases), RoPE by lane rolls, attention
+with the new K/V slot attended last (staged in VMEM and written back to HBM for all layers after
+the last one), output projection, residual, then the MLP or the MoE, residual. The embedding
+gather runs before the kernel and the final norm + LM head after it, in XLA, as the Kimi K3 TPU
+megakernel does: the LM head ([V, D], 113 MB in f32 for SmolLM2) does not fit VMEM next to a
+layer, and it is one memory-bound matmul XLA already does well.
 
-Routed experts: the router runs in the kernel; only the distinct experts the rows chose are copied
-from HBM, one at a time through two expert buffers, so the bytes a step moves scale with top-k.
-
-On a TPU this kernel is meant to be a Mosaic candidate (no grid, ANY/VMEM/SMEM refs, DMAs on
-leading-axis slices); it is untested on TPU hardware. Here it runs in Pallas interpret mode.
+Every DMA is on a leading-axis slice (the weights are laid out chunk- and expert-major); no grid;
+ANY, VMEM and SMEM refs. It lowers for TPU (tests/engines/megakernel/test_tpu.py) but has never
+been compiled by Mosaic or run on TPU hardware (docs/tpu.md). Here it runs in Pallas interpret mode.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     ak, dk, mk = attn_keys(c), dense_keys(c), moe_keys(c)
     streamed, ek = streamed_keys(c), expert_keys(c)
     n_slots = expert_slots(spec) if Lm else 0
+    n_chunks = hbm["gate"].shape[1] if dk else 0
     assert S % TS == 0 and S <= spec.slots and 1 <= nb <= 2 and 1 <= spec.kv_buffers <= 2
     kn = spec.knobs  # the faults' knobs (engines/megakernel/faults.py): each one expression below
     eps = (NORM_EPS_FAULT if c.rms_eps != NORM_EPS_FAULT else 1e-5) if kn.hardcoded_norm_eps else c.rms_eps
@@ -77,8 +79,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     def kernel(*refs):
         pos_s, x_in, pos_v, first_q, freq_q, first_k, freq_k = refs[:7]
         i = 7
-        w = dict(zip(streamed + ek, refs[i:i + len(streamed) + len(ek)]))
-        i += len(streamed) + len(ek)
+        w = dict(zip(streamed + ek + dk, refs[i:i + len(streamed) + len(ek) + len(dk)]))
+        i += len(streamed) + len(ek) + len(dk)
         kc_in, vc_in = refs[i:i + 2]
         x_out, kc_out, vc_out, taps_out = refs[i + 2:i + 6]
         i += 6
@@ -93,6 +95,9 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
         i += 10
         ebuf = [dict(zip(ek, refs[i + 3 * j:i + 3 * j + 3])) for j in range(2 if ek else 0)]  # two expert slots
         eids, sem_e = (refs[i + 6], refs[i + 7]) if ek else (None, None)
+        i += 8 if ek else 0
+        cbuf = [dict(zip(dk, refs[i + 3 * j:i + 3 * j + 3])) for j in range(2 if dk else 0)]  # two MLP chunk slots
+        sem_c = refs[i + 6] if dk else None
         # kc_in/vc_in alias kc_out/vc_out (one HBM buffer on a TPU): the layers read the cache
         # through the input refs; the new slots are written through the output refs at the end.
 
@@ -109,7 +114,12 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 cp.wait()
 
         start(ak, 0, 0)
-        start(dk if Ld else mk, 0, 0)
+        if not Ld and Lm:
+            start(mk, 0, 0)
+
+        def chunk_copies(l, j):
+            """Chunk j of dense layer l's MLP into chunk buffer j % 2."""
+            return [pltpu.make_async_copy(w[k].at[l, j], cbuf[j % 2][k], sem_c.at[j % 2, q]) for q, k in enumerate(dk)]
         # the cache tiles any row attends: those holding a position below the highest row's (its own slot too
         # under the mask_own_slot fault, which reads it)
         reach = pos_s[0]
@@ -130,6 +140,12 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 return [pltpu.make_async_copy(src.at[l, :, :, pl.ds(t * TS, TS), :], dst[j], sem_kv.at[j, i])
                         for i, (src, dst) in enumerate(((kc_in, kbufs), (vc_in, vbufs)))]
 
+            if Ld:
+                @pl.when(l < Ld)
+                def _():
+                    for cp in chunk_copies(l, 0):  # the MLP's first chunk loads under the attention
+                        cp.start()
+
             @pl.when(live > 0)
             def _():
                 for cp in kv_tile(0):  # the first tile loads under the QKV projection
@@ -146,6 +162,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             q = ops.mm(h, b_["wq"][...])  # [B, H*hd]
             k = ops.mm(h, b_["wk"][...])  # [B, K*hd]
             v = ops.mm(h, b_["wv"][...])
+            if c.attn_bias:  # Qwen2, gpt-oss: float32 biases on the projections, before RoPE
+                q, k, v = q + b_["bq"][...], k + b_["bk"][...], v + b_["bv"][...]
             if c.qk_norm:
                 q = ops.rmsnorm(q.reshape(B * H, hd), b_["q_norm"][...], eps).reshape(B, H * hd)
                 k = ops.rmsnorm(k.reshape(B * K, hd), b_["k_norm"][...], eps).reshape(B, K * hd)
@@ -216,13 +234,11 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 half, wo = H * hd // 2, b_["wo"][...]
                 split = ops.mm(attn_buf[:, :half], wo[:half]) + ops.mm(attn_buf[:, half:], wo[half:])
                 o = jnp.where(jnp.sum(pos_v[...] > 0) > 1, split, o)
+            if c.o_bias:
+                o = o + b_["bo"][...]
             x = x + o
             h = ops.rmsnorm(x, b_["mlp_norm"][...], eps)
             keep = (l != spec.fault_layer) if kn.drop_layer else True
-
-            @pl.when(l + 1 < Ld)
-            def _():
-                start(dk, l + 1, nxt)
 
             if Lm:
                 @pl.when((l + 1 >= Ld) & (l + 1 < L))
@@ -232,8 +248,16 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             if Ld:
                 @pl.when(l < Ld)
                 def _():
-                    wait(dk, l, s)
-                    y = ops.swiglu(h, b_["gate"][...], b_["up"][...], b_["down"][...], gelu=kn.gelu_mlp)
+                    y = None
+                    for j in range(n_chunks):  # chunk j+1 copies while chunk j computes
+                        for cp in chunk_copies(l, j):
+                            cp.wait()
+                        if j + 1 < n_chunks:
+                            for cp in chunk_copies(l, j + 1):
+                                cp.start()
+                        cb = cbuf[j % 2]
+                        part = ops.swiglu(h, cb["gate"][...], cb["up"][...], cb["down"][...], gelu=kn.gelu_mlp)
+                        y = part if y is None else y + part
                     x_out[...] = x + jnp.where(keep, y, 0.0)
 
             if Lm:
@@ -326,7 +350,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
     smem = pl.BlockSpec(memory_space=pltpu.SMEM)
-    in_specs = [smem] + [vmem] * 6 + [any_spec] * (len(streamed) + len(ek)) + [any_spec, any_spec]
+    in_specs = [smem] + [vmem] * 6 + [any_spec] * (len(streamed) + len(ek) + len(dk)) + [any_spec, any_spec]
     out_specs = (vmem, any_spec, any_spec, vmem)
     n_in = len(in_specs)
     scratch = [pltpu.VMEM(hbm[k].shape[1:], hbm[k].dtype) for _ in range(nb) for k in streamed]
@@ -338,6 +362,9 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     if ek:  # two routed-expert slots, the chosen ids (lanes), their semaphores
         scratch += [pltpu.VMEM(hbm[k].shape[2:], hbm[k].dtype) for _ in range(2) for k in ek]
         scratch += [pltpu.VMEM((1, max(128, n_slots)), jnp.int32), pltpu.SemaphoreType.DMA((2, 3))]
+    if dk:  # two MLP chunk slots and their semaphores
+        scratch += [pltpu.VMEM(hbm[k].shape[2:], hbm[k].dtype) for _ in range(2) for k in dk]
+        scratch += [pltpu.SemaphoreType.DMA((2, 3))]
     out_shape = (jax.ShapeDtypeStruct((B, D), F32), jax.ShapeDtypeStruct(k_cache.shape, F32),
                  jax.ShapeDtypeStruct(v_cache.shape, F32),
                  jax.ShapeDtypeStruct((L if spec.want_taps else 1, B, D), F32))
@@ -346,4 +373,4 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                           interpret=spec.interpret, name="decode_megakernel",
                           compiler_params=pltpu.CompilerParams(vmem_limit_bytes=spec.vmem_limit))
     return call(pos, x, pos[:, None], rope["first_q"], rope["freq_q"], rope["first_k"], rope["freq_k"],
-                *[hbm[k] for k in streamed + ek], k_cache, v_cache)
+                *[hbm[k] for k in streamed + ek + dk], k_cache, v_cache)

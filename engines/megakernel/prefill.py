@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from engines.config import Config
 from engines.megakernel import ops
+from engines.megakernel.spec import unchunked
 
 F32 = jnp.float32
 
@@ -41,6 +42,8 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     for l in range(L):
         h = ops.rmsnorm(x, hbm["attn_norm"][l], c.rms_eps)
         q, k, v = ops.mm(h, hbm["wq"][l]), ops.mm(h, hbm["wk"][l]), ops.mm(h, hbm["wv"][l])
+        if c.attn_bias:
+            q, k, v = q + hbm["bq"][l], k + hbm["bk"][l], v + hbm["bv"][l]
         if c.qk_norm:
             q = ops.rmsnorm(q.reshape(-1, hd), hbm["q_norm"][l], c.rms_eps).reshape(B * T, H * hd)
             k = ops.rmsnorm(k.reshape(-1, hd), hbm["k_norm"][l], c.rms_eps).reshape(B * T, K * hd)
@@ -58,10 +61,11 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
         pr = jnp.exp(sc - jnp.max(sc, axis=-1, keepdims=True))
         pr = pr / jnp.sum(pr, axis=-1, keepdims=True)
         o = jnp.einsum("bhqk,bkhd->bqhd", pr, vr, preferred_element_type=F32).reshape(B * T, H * hd)
-        x = x + ops.mm(o, hbm["wo"][l])
+        o = ops.mm(o, hbm["wo"][l])
+        x = x + (o + hbm["bo"][l] if c.o_bias else o)
         h = ops.rmsnorm(x, hbm["mlp_norm"][l], c.rms_eps)
         if l < Ld:
-            x = x + ops.swiglu(h, hbm["gate"][l], hbm["up"][l], hbm["down"][l])
+            x = x + ops.swiglu(h, *[unchunked(hbm[k][l], k) for k in ("gate", "up", "down")])
         else:
             m = l - Ld
             gates = ops.pick_experts(jnp.dot(h, hbm["router"][m], preferred_element_type=F32),

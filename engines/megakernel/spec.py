@@ -13,7 +13,12 @@ from engines.megakernel.faults import Knobs
 
 
 def attn_keys(c: Config) -> tuple[str, ...]:
-    return ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm") + (("q_norm", "k_norm") if c.qk_norm else ())
+    return (("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm") + (("q_norm", "k_norm") if c.qk_norm else ())
+            + (("bq", "bk", "bv") if c.attn_bias else ()) + (("bo",) if c.o_bias else ()))
+
+
+# Config fields away from the Llama/DeepSeek defaults that the kernel implements (Config.features names them)
+SUPPORTED_FEATURES = ("attn_bias", "o_bias")
 
 
 def dense_keys(c: Config) -> tuple[str, ...]:
@@ -33,8 +38,23 @@ def expert_keys(c: Config) -> tuple[str, ...]:
 
 
 def streamed_keys(c: Config) -> tuple[str, ...]:
-    """The per-layer weight stacks the kernel streams from HBM whole, in its order."""
-    return attn_keys(c) + dense_keys(c) + moe_keys(c)
+    """The per-layer weight stacks the kernel streams from HBM a layer at a time, in its order (the dense MLP
+    streams in column chunks, the routed experts one by one)."""
+    return attn_keys(c) + moe_keys(c)
+
+
+# The dense MLP streams through VMEM in chunks of its hidden columns (gate and up columns, down rows), two chunk
+# buffers, each chunk at most this many bytes: a quarter of TPU v7's 64 MiB of VMEM a TensorCore, so the pair takes
+# half and a layer's attention weights, KV tiles and staging keep the rest. A sizing choice, not a measurement.
+MLP_CHUNK_BYTES = 16 << 20
+
+
+def mlp_chunks(c: Config, dtype: str) -> int:
+    """Chunks of the dense MLP: the fewest that divide its width with each chunk's three slices within
+    MLP_CHUNK_BYTES (1 for every model small enough, so its numbers are the unchunked ones)."""
+    item = 2 if dtype == "bfloat16" else 4
+    return next(n for n in range(1, c.ffn + 1) if c.ffn % n == 0 and 3 * c.hidden * (c.ffn // n) * item
+                <= MLP_CHUNK_BYTES or n == c.ffn)
 
 
 def expert_slots(spec) -> int:
@@ -43,12 +63,13 @@ def expert_slots(spec) -> int:
     return min(c.n_experts, spec.batch * c.top_k)
 
 
-KEEP_F32 = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "router", "router_bias")  # tiny, precision-critical
+KEEP_F32 = ("router",)  # besides the vectors (norms and biases): tiny, precision-critical
 
 
-def hbm_dtype(key: str, dtype: str) -> str:
-    """A streamed array's dtype in the mode `dtype` (bf16 mode: bf16 matrices; norms and the router float32)."""
-    return "float32" if key in KEEP_F32 else dtype
+def hbm_dtype(key: str, dtype: str, rank: int = 2) -> str:
+    """A streamed array's dtype in the mode `dtype` (bf16 mode: bf16 matrices; vectors, i.e. norms and biases of
+    per-layer rank 1, and the router float32)."""
+    return "float32" if key in KEEP_F32 or rank == 1 else dtype
 
 
 def hbm_arrays(w, dtype: str) -> dict:
@@ -56,10 +77,23 @@ def hbm_arrays(w, dtype: str) -> dict:
     out = {}
     for k in streamed_keys(w.config) + expert_keys(w.config):
         a = w.arrays[k]
-        if k.endswith("norm") or k == "router_bias":
+        rank = a.ndim - 1  # per layer
+        if rank == 1:  # norms and biases: [n, 1, X] rows
             a = a[:, None, :]
-        out[k] = jnp.asarray(a, jnp.dtype(hbm_dtype(k, dtype)))
+        out[k] = jnp.asarray(a, jnp.dtype(hbm_dtype(k, dtype, rank)))
+    n = mlp_chunks(w.config, dtype)
+    for k in dense_keys(w.config):  # chunk-major, so a chunk is one contiguous leading-axis slice
+        a = w.arrays[k]
+        a = a.reshape(a.shape[0], n, -1, a.shape[2]) if k == "down" else \
+            a.reshape(a.shape[0], a.shape[1], n, -1).transpose(0, 2, 1, 3)
+        out[k] = jnp.asarray(a, jnp.dtype(dtype))  # gate, up [Ld, n, D, F/n]; down [Ld, n, F/n, D]
     return out
+
+
+def unchunked(a, key: str):
+    """One layer's chunked MLP array back to its plain [D, F] (gate, up) or [F, D] (down) layout."""
+    n, r, cols = a.shape
+    return a.reshape(n * r, cols) if key == "down" else a.transpose(1, 0, 2).reshape(r, n * cols)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def test_committed_goldens_pass(model, request):
     assert r.summary["mismatching_positions"] == 0
 
 
-@pytest.mark.parametrize("model", ["mini-llama", "mini-moe"])
+@pytest.mark.parametrize("model", ["mini-llama", "mini-moe", "mini-qwen2"])
 def test_megakernel_passes_goldens(model):
     r = golden.check(model, "megakernel")
     assert r.ok, r.problems

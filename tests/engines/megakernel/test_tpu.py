@@ -51,7 +51,10 @@ def check_lowered(eng: MegakernelEngine, batch: int, window: int, want_taps: boo
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def lowering_engines(request, mini_llama, mini_moe):
-    return [(m.weights, MegakernelEngine(m.weights, request.param)) for m in (mini_llama, mini_moe)]
+    from evalsuite.models import load_model
+
+    models = (mini_llama, mini_moe, load_model("mini-qwen2"))  # dense, MoE, and Qwen2's biases
+    return [(m.weights, MegakernelEngine(m.weights, request.param)) for m in models]
 
 
 def test_each_configuration_axis_lowers_for_tpu(lowering_engines):
