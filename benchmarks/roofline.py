@@ -140,7 +140,8 @@ def main(argv=None) -> int:
     vmem = model_budgets(a.models, (), (), 8, ATTN_TILE)
     for r in vmem:
         r["budget"].pop("items")
-    doc = {"benchmark": "roofline", "chip": a.chip, "rows": rows, "k3_paper": paper, "vmem_batch8": vmem,
+    doc = {"benchmark": "roofline", "command": " ".join(["python -m benchmarks.roofline", *(argv or sys.argv[1:])]),
+           "chip": a.chip, "rows": rows, "k3_paper": paper, "vmem_batch8": vmem,
            "versions": versions(),
            "configs": {n: config_of(n).to_dict() for n in a.models}, "weights_sha256": {
                n: load_model(n).weights.sha256 for n in a.models if n not in PAPER_CONFIGS}}

@@ -19,6 +19,11 @@ CHATML_TEMPLATE = (
 )
 
 
+def _raise_exception(message: str):
+    """A template's own refusal (transformers defines this helper for templates)."""
+    raise jinja2.TemplateError(message)
+
+
 @dataclass
 class TextTokenizer:
     """A `tokenizers.Tokenizer` plus the chat template and the ids that end a turn."""
@@ -41,8 +46,10 @@ class TextTokenizer:
         env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
         try:
             tmpl = env.from_string(self.chat_template)
+            # what transformers' apply_chat_template passes every template (Qwen2.5's asks `if tools`)
             return tmpl.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               bos_token="", eos_token="")
+                               bos_token="", eos_token="", tools=None, documents=None,
+                               raise_exception=_raise_exception)
         except jinja2.TemplateError as e:
             raise ModelError(f"chat template failed to render: {e}") from None
 

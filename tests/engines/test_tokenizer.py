@@ -62,3 +62,19 @@ def test_byte_tokenizer_layout():
     tok = byte_tokenizer()
     assert tok.encode("A") == [3 + ord("A")]
     assert tok.encode("<|im_end|>") == [2]
+
+
+def test_chat_template_gets_what_transformers_passes_every_template(smollm2):
+    """Qwen2.5's template asks `if tools` and may call raise_exception; a template asking for a variable nobody
+    defines is still a one-line error."""
+    from dataclasses import replace
+
+    from engines.errors import ModelError
+
+    tok = replace(smollm2.tokenizer, chat_template="{% if tools %}T{% endif %}{{ messages[0]['content'] }}")
+    assert tok.render_chat([{"role": "user", "content": "hi"}]) == "hi"
+    refusing = replace(smollm2.tokenizer, chat_template="{{ raise_exception('no system role') }}")
+    with pytest.raises(ModelError, match="no system role"):
+        refusing.render_chat([{"role": "user", "content": "hi"}])
+    with pytest.raises(ModelError, match="undefined"):
+        replace(smollm2.tokenizer, chat_template="{{ nobody_defines_this }}").render_chat([])
