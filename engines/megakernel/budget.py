@@ -139,9 +139,9 @@ def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
         out.append(Item("experts", k, shapes[k][2:], hbm_dtype(k, dtype), 2))
     if expert_keys(c):
         out.append(Item("activations", "chosen expert ids", (1, max(LANES, expert_slots(spec))), "int32"))
-    out += [Item("kv tiles", "K and V tiles", (B, K, TS, hd), "float32", 2 * spec.kv_buffers),
+    out += [Item("kv tiles", "K and V tiles", (B, K, TS, hd), spec.kv_dtype, 2 * spec.kv_buffers),
             Item("activations", "attention out", (B, H * hd), "float32"),
-            Item("staging", "new K and V slots", (L, B, K, 1, hd), "float32", 2)]
+            Item("staging", "new K and V slots", (L, B, K, 1, hd), spec.kv_dtype, 2)]
     f = max(c.ffn if c.n_dense_layers else 0, c.moe_ffn if c.n_moe_layers else 0)
     out += [Item("live (estimate)", "MLP activations (gate, up, product)", (B, f), "float32", 3),
             Item("live (estimate)", "q, scores and accumulator", (B * H, max(hd, TS)), "float32", 3),

@@ -56,7 +56,7 @@ def online_softmax_step(mla, scores, values):
 def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_cache: jax.Array,
                   v_cache: jax.Array, rope: dict):
     """x [B, D] float32 (embedded tokens), pos [B] int32 (the slot each row writes).
-    k_cache, v_cache [L, B, K, S, hd] float32, updated in place (aliased).
+    k_cache, v_cache [L, B, K, S, hd] in spec.kv_dtype, updated in place (aliased).
     rope: first_q, freq_q, first_k, freq_k from ops.rope_tables.
     Returns x [B, D] after the last layer, k_cache, v_cache, taps [L, B, D] (zeros if not wanted).
     """
@@ -75,6 +75,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     n_tiles = S // TS - (1 if kn.skip_last_tile and S // TS > 1 else 0)
     gqa_t = kn.gqa_transposed  # query head h reads kv head h % K instead of h // G
     shift = ops.rope_shift(c)
+    kvd = jnp.dtype(spec.kv_dtype)
+    assert k_cache.dtype == kvd and v_cache.dtype == kvd, (k_cache.dtype, spec.kv_dtype)
 
     def kernel(*refs):
         pos_s, x_in, pos_v, first_q, freq_q, first_k, freq_k = refs[:7]
@@ -178,10 +180,12 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             # The new token's K/V: staged in VMEM for the write-back DMA, and attended to as the
             # last term of the online softmax (the cache tiles cover positions < p only), so no
             # VMEM copy of the cache is ever written.
+            # what the cache holds is what is attended: the new K/V rounded to its storage (a no-op for float32)
+            k, v = ops.round_to(k, kvd), ops.round_to(v, kvd)
             wdt = b_["wk"].dtype  # kv_bf16_slot: the written slot rounded to the weights' dtype (a no-op in f32)
             rounded = (lambda a: ops.round_to(a, wdt)) if kn.new_kv_in_weights_dtype else (lambda a: a)
-            newk[pl.ds(l, 1)] = rounded(k).reshape(1, B, K, 1, hd)
-            newv[pl.ds(l, 1)] = rounded(v).reshape(1, B, K, 1, hd)
+            newk[pl.ds(l, 1)] = rounded(k).reshape(1, B, K, 1, hd).astype(kvd)
+            newv[pl.ds(l, 1)] = rounded(v).reshape(1, B, K, 1, hd).astype(kvd)
             # Attention for all rows and kv heads at once, n = B*K groups of G query heads,
             # streaming the cache from HBM in tiles of TS positions under an online softmax, double-
             # buffered: tile t+1's copy runs while tile t is read. The tile loop is static: a traced
@@ -209,8 +213,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                                 cp.start()
 
                     j = t % spec.kv_buffers
-                    kt = kbufs[j][...].reshape(B * K, TS, hd)
-                    vt = vbufs[j][...].reshape(B * K, TS, hd)
+                    kt = kbufs[j][...].reshape(B * K, TS, hd).astype(F32)
+                    vt = vbufs[j][...].reshape(B * K, TS, hd).astype(F32)
                     sc = jnp.einsum("nqd,nkd->nqk", qg, kt, preferred_element_type=F32)  # [n, G, TS]
                     col = t * TS + jax.lax.broadcasted_iota(jnp.int32, (B * K, 1, TS), 2)
                     # V is masked as well as the scores: an unwritten slot may hold anything (NaN included), and
@@ -355,18 +359,18 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     n_in = len(in_specs)
     scratch = [pltpu.VMEM(hbm[k].shape[1:], hbm[k].dtype) for _ in range(nb) for k in streamed]
     scratch += [pltpu.SemaphoreType.DMA((nb, len(streamed))),
-                *[pltpu.VMEM((B, K, TS, hd), F32) for _ in range(4)],  # K and V tiles, 2 slots each
+                *[pltpu.VMEM((B, K, TS, hd), kvd) for _ in range(4)],  # K and V tiles, 2 slots each
                 pltpu.SemaphoreType.DMA((2, 2)), pltpu.SemaphoreType.DMA((2, B)),
                 pltpu.VMEM((B, H * hd), F32),
-                pltpu.VMEM((L, B, K, 1, hd), F32), pltpu.VMEM((L, B, K, 1, hd), F32)]
+                pltpu.VMEM((L, B, K, 1, hd), kvd), pltpu.VMEM((L, B, K, 1, hd), kvd)]
     if ek:  # two routed-expert slots, the chosen ids (lanes), their semaphores
         scratch += [pltpu.VMEM(hbm[k].shape[2:], hbm[k].dtype) for _ in range(2) for k in ek]
         scratch += [pltpu.VMEM((1, max(128, n_slots)), jnp.int32), pltpu.SemaphoreType.DMA((2, 3))]
     if dk:  # two MLP chunk slots and their semaphores
         scratch += [pltpu.VMEM(hbm[k].shape[2:], hbm[k].dtype) for _ in range(2) for k in dk]
         scratch += [pltpu.SemaphoreType.DMA((2, 3))]
-    out_shape = (jax.ShapeDtypeStruct((B, D), F32), jax.ShapeDtypeStruct(k_cache.shape, F32),
-                 jax.ShapeDtypeStruct(v_cache.shape, F32),
+    out_shape = (jax.ShapeDtypeStruct((B, D), F32), jax.ShapeDtypeStruct(k_cache.shape, kvd),
+                 jax.ShapeDtypeStruct(v_cache.shape, kvd),
                  jax.ShapeDtypeStruct((L if spec.want_taps else 1, B, D), F32))
     call = pl.pallas_call(kernel, out_shape=out_shape, in_specs=in_specs, out_specs=out_specs,
                           scratch_shapes=scratch, input_output_aliases={n_in - 2: 1, n_in - 1: 2},

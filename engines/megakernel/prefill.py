@@ -1,6 +1,7 @@
 """The megakernel engine's prefill, in XLA (as on TPU: the fused kernel is for decode).
 
-It writes the KV cache in the kernel's layout [L, B, K, S, hd] float32 so decode continues from
+It writes the KV cache in the kernel's layout [L, B, K, S, hd] (float32, or bfloat16 in that KV mode, K/V rounded
+to it before they are attended) so decode continues from
 any prompt. Its math is engines.megakernel.ops, not the reference's.
 """
 
@@ -17,7 +18,8 @@ F32 = jnp.float32
 
 
 def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: jax.Array, slots: int,
-                   want_taps: bool = False, prefix: tuple[jax.Array, jax.Array] | None = None):
+                   want_taps: bool = False, prefix: tuple[jax.Array, jax.Array] | None = None,
+                   kv_dtype: str = "float32"):
     """tokens [B, T] (right-padded; padding never reaches a real position). Returns the residual
     stream after the last layer [B, T, D] float32, k_cache, v_cache [L, B, K, slots, hd] and taps
     [L, B, T, D] (or None).
@@ -32,8 +34,9 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     P = 0 if prefix is None else prefix[0].shape[3]
     x = embed[tokens].astype(F32).reshape(B * T, D)
     pos = P + jnp.tile(jnp.arange(T, dtype=jnp.int32), B)[:, None]  # [B*T, 1]
-    kc = jnp.zeros((L, B, K, slots, hd), F32)
-    vc = jnp.zeros((L, B, K, slots, hd), F32)
+    kv = jnp.dtype(kv_dtype)  # the cache's storage; K/V are rounded to it before they are attended
+    kc = jnp.zeros((L, B, K, slots, hd), kv)
+    vc = jnp.zeros((L, B, K, slots, hd), kv)
     if prefix is not None:
         kc = kc.at[:, :, :, :P].set(jnp.broadcast_to(prefix[0], (L, B, K, P, hd)))
         vc = vc.at[:, :, :, :P].set(jnp.broadcast_to(prefix[1], (L, B, K, P, hd)))
@@ -49,12 +52,13 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
             k = ops.rmsnorm(k.reshape(-1, hd), hbm["k_norm"][l], c.rms_eps).reshape(B * T, K * hd)
         q = ops.rope(q, pos, rope["first_q"], rope["freq_q"], shift).reshape(B, T, H, hd)
         k = ops.rope(k, pos, rope["first_k"], rope["freq_k"], shift).reshape(B, T, K, hd)
-        v = v.reshape(B, T, K, hd)
-        kc = kc.at[l, :, :, P:P + T].set(k.transpose(0, 2, 1, 3))
-        vc = vc.at[l, :, :, P:P + T].set(v.transpose(0, 2, 1, 3))
+        k, v = ops.round_to(k, kv), ops.round_to(v.reshape(B, T, K, hd), kv)
+        kc = kc.at[l, :, :, P:P + T].set(k.transpose(0, 2, 1, 3).astype(kv))
+        vc = vc.at[l, :, :, P:P + T].set(v.transpose(0, 2, 1, 3).astype(kv))
         if prefix is not None:  # keys and values of the prefix, then the rows' own: [B, P + T, K, hd]
-            k = jnp.concatenate([jnp.broadcast_to(prefix[0][l].transpose(0, 2, 1, 3), (B, P, K, hd)), k], axis=1)
-            v = jnp.concatenate([jnp.broadcast_to(prefix[1][l].transpose(0, 2, 1, 3), (B, P, K, hd)), v], axis=1)
+            pk, pv = (prefix[j][l].transpose(0, 2, 1, 3).astype(F32) for j in (0, 1))
+            k = jnp.concatenate([jnp.broadcast_to(pk, (B, P, K, hd)), k], axis=1)
+            v = jnp.concatenate([jnp.broadcast_to(pv, (B, P, K, hd)), v], axis=1)
         kr, vr = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)  # head h reads kv head h // G
         sc = jnp.einsum("bqhd,bkhd->bhqk", q, kr, preferred_element_type=F32) / (hd ** 0.5)
         sc = jnp.where(causal, sc, -jnp.inf)

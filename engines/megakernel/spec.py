@@ -112,3 +112,4 @@ class KernelSpec:
     interpret: Any = True  # True: generic interpreter; pltpu.InterpretParams: TPU interpret mode
     kv_buffers: int = 2  # KV tile buffers; 1 (the next tile copied over the one being read) is the same control
     vmem_limit: int | None = None  # bytes, passed to Mosaic (engines.megakernel.budget); None: Mosaic's default
+    kv_dtype: str = "float32"  # the KV cache's storage (bfloat16: half the bytes a step reads)

@@ -58,7 +58,7 @@ def lowering_engines(request, mini_llama, mini_moe):
 
 
 def test_each_configuration_axis_lowers_for_tpu(lowering_engines):
-    """Every value of every axis (family, dtype, batch bucket, window bucket, taps, kernel fault) lowered at least once;
+    """Every value of every axis (family, dtype, KV dtype, batch bucket, window bucket, taps, kernel fault) lowered once;
     the full cross product is the heavy test below."""
     for weights, eng in lowering_engines:
         ws = windows(eng.config.max_context)
@@ -66,6 +66,8 @@ def test_each_configuration_axis_lowers_for_tpu(lowering_engines):
             check_lowered(eng, BATCHES[i % len(BATCHES)], w, want_taps=i == 0)
         for f in kernel_faults(eng.config.family):
             check_lowered(MegakernelEngine(weights, eng.dtype, fault=f), 2, 2 * MIN_WINDOW)
+        if eng.dtype == "bfloat16":  # the bf16 KV cache: its tiles and staging in bf16, counted so by the budget
+            check_lowered(MegakernelEngine(weights, eng.dtype, kv_cache="bfloat16"), 4, 3 * MIN_WINDOW)
 
 
 @pytest.mark.heavy
