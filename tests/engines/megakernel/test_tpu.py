@@ -58,7 +58,7 @@ def lowering_engines(request, mini_llama, mini_moe):
 
 
 def test_each_configuration_axis_lowers_for_tpu(lowering_engines):
-    """Every value of every axis (family, dtype, KV dtype, batch bucket, window bucket, taps, kernel fault) lowered once;
+    """Every value of every axis (family, dtype, KV dtype, batch bucket, window bucket, taps, kernel fault) lowered;
     the full cross product is the heavy test below."""
     for weights, eng in lowering_engines:
         ws = windows(eng.config.max_context)
