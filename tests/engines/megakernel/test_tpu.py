@@ -62,6 +62,8 @@ def test_each_configuration_axis_lowers_for_tpu(lowering_engines):
     the full cross product is the heavy test below."""
     for weights, eng in lowering_engines:
         ws = windows(eng.config.max_context)
+        if eng.dtype == "bfloat16":  # the windows differ only in their tile count: the float32 sweep has them
+            ws = ws[:2]
         for i, w in enumerate(ws):
             check_lowered(eng, BATCHES[i % len(BATCHES)], w, want_taps=i == 0)
         for f in kernel_faults(eng.config.family):
