@@ -28,7 +28,7 @@ def test_engines_lists_the_builtins_and_the_example_plugin():
     assert rows["openai"]["server"] and "stale_feedback" in rows["megakernel"]["faults"]
 
 
-def test_example_plugin_through_diff_golden_run_and_serve(tmp_path):
+def test_example_plugin_through_diff_golden_and_run(tmp_path):
     base = ["--model", "mini-llama"]
     ok = cli("diff", "--engine", "numpy", *base, "--prompts", "quick", "--max-new-tokens", "6", "--json")
     bad = cli("diff", "--engine", "numpy", *base, "--prompts", "quick", "--max-new-tokens", "6", "--fault", "no_rope",
@@ -42,6 +42,11 @@ def test_example_plugin_through_diff_golden_run_and_serve(tmp_path):
     r = json.loads(run.stdout)
     assert run.returncode == 3 and r["verdict"] == "INCONCLUSIVE"  # 6 items: too few for a PASS
     assert set(r["engines"]) == {"reference", "numpy"} and r["paired"]["identical_responses"] == 1.0
+
+
+@pytest.mark.heavy  # 19-25 s; CI serves built-in engines through the same loader (tests/evalsuite/test_serve.py)
+def test_example_plugin_served_and_diffed_over_the_api():
+    base = ["--model", "mini-llama"]
     with served("--engine", "numpy", *base) as url:
         over = cli("diff", "--engine", "openai", "--base-url", url + "/v1", *base, "--prompts", "quick",
                    "--max-new-tokens", "8", "--json")

@@ -182,10 +182,12 @@ def test_reference_against_itself_in_bf16_keeps_two_folders(tmp_path):
         assert (f / "records.jsonl").read_text().count("\n") == 3 and (f / "journal.jsonl").is_file()
 
 
+@pytest.mark.heavy  # 71 s; CI: the exact test's FAIL (tests/evalsuite/bench/test_stats.py) and a run FAILed
+# end to end through verify (tests/evalsuite/test_evidence.py) and through the parity part (below)
 def test_faulty_engine_fails_on_the_sanity_task(tmp_path):
     """stale_feedback on smollm2, 16 sanity items: measured 0.875 -> 0.1875 (b=11, c=0, exact one-sided
     p 0.0005; a FAIL needs b >= 6 with c = 0): FAIL, exit 1, and the text names the loss and the differing
-    responses. (16 items, not 40: the same verdict in half the CI time.)"""
+    responses. (16 items, not 40: the same verdict in half the time.)"""
     p = cli("run", "sanity", "--model", "smollm2-135m", "--limit", "16", "--fault", "stale_feedback",
             "--output", str(tmp_path / "f"))
     assert p.returncode == 1, p.stderr[-2000:]
