@@ -28,25 +28,25 @@ def test_engines_lists_the_builtins_and_the_example_plugin():
     assert rows["openai"]["server"] and "stale_feedback" in rows["megakernel"]["faults"]
 
 
-def test_example_plugin_through_diff_golden_and_run(tmp_path):
+def test_example_plugin_through_diff_and_golden():
     base = ["--model", "mini-llama"]
     ok = cli("diff", "--engine", "numpy", *base, "--prompts", "quick", "--max-new-tokens", "6", "--json")
     bad = cli("diff", "--engine", "numpy", *base, "--prompts", "quick", "--max-new-tokens", "6", "--fault", "no_rope",
               "--no-batching")
     gold = cli("golden", "check", "--engine", "numpy", *base)
-    run = cli("run", "sanity", "--engine", "numpy", *base, "--limit", "6", "--output", str(tmp_path / "r"), "--json")
     assert ok.returncode == 0 and json.loads(ok.stdout)["verdict"] == "PASS", ok.stdout[-2000:]
     assert "per-layer bisection" in " ".join(json.loads(ok.stdout)["checks_not_possible"])  # no taps: said
     assert bad.returncode == 1 and bad.stdout.startswith("FAIL"), bad.stdout[-2000:]
     assert gold.returncode == 0 and gold.stdout.startswith("PASS mini-llama"), gold.stdout + gold.stderr[-2000:]
+
+
+@pytest.mark.heavy  # 25-30 s; CI runs and serves built-in engines through the same loader (test_run, test_serve)
+def test_example_plugin_run_served_and_diffed_over_the_api(tmp_path):
+    base = ["--model", "mini-llama"]
+    run = cli("run", "sanity", "--engine", "numpy", *base, "--limit", "6", "--output", str(tmp_path / "r"), "--json")
     r = json.loads(run.stdout)
     assert run.returncode == 3 and r["verdict"] == "INCONCLUSIVE"  # 6 items: too few for a PASS
     assert set(r["engines"]) == {"reference", "numpy"} and r["paired"]["identical_responses"] == 1.0
-
-
-@pytest.mark.heavy  # 19-25 s; CI serves built-in engines through the same loader (tests/evalsuite/test_serve.py)
-def test_example_plugin_served_and_diffed_over_the_api():
-    base = ["--model", "mini-llama"]
     with served("--engine", "numpy", *base) as url:
         over = cli("diff", "--engine", "openai", "--base-url", url + "/v1", *base, "--prompts", "quick",
                    "--max-new-tokens", "8", "--json")
