@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evalsuite.doctables import _absent, _load, _source, _table
+from evalsuite.doctables import RESULTS, _absent, _load, _sci, _source, _table
 
 ROOFLINE = "benchmarks/results/roofline.json"
 MIB = 1 << 20
@@ -47,3 +47,24 @@ def tpu_vmem(root: Path) -> str:
                        for c in chips]])
     return (_source(ROOFLINE, how=" (batch 8, attention tile 128)")
             + _table(["model", "dtype", "limit MiB", "largest parts (MiB)", *[f"TPU {c} (MiB)" for c in chips]], rows))
+
+
+DIFFS = "megakernel-diff-*.json"  # `evalsuite diff --engine megakernel --model M --json > FILE` on real models
+
+
+def megakernel_diffs(root: Path) -> str:
+    files = sorted((root / RESULTS).glob(DIFFS))
+    if not files:
+        return _absent(f"{RESULTS}/{DIFFS}")
+    rows = []
+    for f in files:
+        d = _load(root, f"{RESULTS}/{f.name}")
+        s = d["spec"]
+        rows.append([d["model"], d["dtype"], f"`{s['prompts']}`, {s['max_new_tokens']} tokens", f"**{d['verdict']}**",
+                     f"{d['positions']:,}", str(d["real_mismatches"]), f"{d['prompts_identical']} of {d['prompts']}",
+                     _sci(d["summary"]["max_dlogit"]["max"]), "yes" if d["batching"]["run"] else "no",
+                     f"{d['seconds']:.0f}"])
+    return (_source(*[f"{RESULTS}/{f.name}" for f in files], how=" (`evalsuite diff --engine megakernel --model M "
+                                                                     "--json`, defaults otherwise)")
+            + _table(["model", "dtype", "prompts", "verdict", "positions", "real mismatches", "identical",
+                      "max abs. logit diff.", "batching part", "seconds"], rows))
