@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -39,10 +40,7 @@ DEFAULT_MODELS = ("mini-llama", "mini-moe", "smollm2-135m", "k3-sized")
 
 
 def _bytes(shape: tuple[int, ...], key: str, dtype: str) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n * (2 if hbm_dtype(key, dtype, len(shape)) == "bfloat16" else 4)
+    return math.prod(shape) * (2 if hbm_dtype(key, dtype, len(shape)) == "bfloat16" else 4)
 
 
 def expected_distinct(n_experts: int, top_k: int, rows: int) -> float:
