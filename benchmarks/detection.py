@@ -38,7 +38,7 @@ import numpy as np
 
 from benchmarks.make_prompts import make
 from engines.megakernel import MegakernelEngine
-from engines.megakernel.faults import CATALOGUE
+from engines.megakernel.faults import CATALOGUE, MODEL_NEEDS
 from engines.reference import ReferenceEngine
 from evalsuite.compare import batching, peers, recipe_check, rule
 from evalsuite.compare.routing import routing_margins, routing_ties
@@ -267,10 +267,17 @@ def recheck(doc: dict, out: Path, names: list[str], a, progress) -> int:
     return 0
 
 
+# A family's own faults (engines.megakernel.faults.MODEL_NEEDS) run on a mini of that family
+FAMILY_MODELS = {"sliding": "mini-gemma2", "softcap": "mini-gemma2", "sinks": "mini-gptoss"}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="which rule catches which fault, and with how many prompts")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--moe-model", default="mini-moe", help="model for the MoE-only faults")
+    ap.add_argument("--family-model", action="append", default=[], metavar="NEEDS=MODEL",
+                    help="model for a family's own faults (sliding, softcap, sinks); defaults: "
+                         + ", ".join(f"{k}={v}" for k, v in FAMILY_MODELS.items()))
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--faults", default="all", help="comma-separated names, or all")
     ap.add_argument("--prompts", type=int, default=64)
@@ -333,8 +340,12 @@ def main(argv=None) -> int:
         return recheck(old, out, names, a, progress)
     done = {(r["model"], r["fault"]) for r in rows}
     t0 = time.time()
-    for model_name, group in ((a.model, [None] + [n for n in names if needs[n] != "moe"]),
-                              (a.moe_model, [None] + [n for n in names if needs[n] == "moe"])):
+    family = {**FAMILY_MODELS, **dict(kv.split("=", 1) for kv in a.family_model if "=" in kv)}
+    groups = [(a.model, [n for n in names if needs[n] not in MODEL_NEEDS]),
+              (a.moe_model, [n for n in names if needs[n] == "moe"])]
+    for m in dict.fromkeys(family.values()):  # each family mini once, with the faults of its layers
+        groups.append((m, [n for n in names if family.get(needs[n]) == m]))
+    for model_name, group in [(m, [None] + g) for m, g in groups]:
         group = [f for f in group if (model_name, f) not in done]
         if not [f for f in group if f is not None]:
             continue

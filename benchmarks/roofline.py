@@ -48,6 +48,18 @@ def expected_distinct(n_experts: int, top_k: int, rows: int) -> float:
     return n_experts * (1 - (1 - top_k / n_experts) ** rows) if n_experts else 0.0
 
 
+def kv_positions(c: Config, context: int, tile: int) -> tuple[int, int]:
+    """Cache positions a row at position `context` reads over all layers in the kernel (whole tiles from the first
+    any row attends, a sliding layer's window start's, to the highest row's position) and attends (the ideal: a
+    sliding layer its window, the new token included)."""
+    read = attended = 0
+    for i in range(c.n_layers):
+        first = max(context - c.sliding_window + 1, 0) if c.kind(i) == "sliding" else 0
+        read += (-(-context // tile) - first // tile) * tile
+        attended += context + 1 - first
+    return read, attended
+
+
 def step(c: Config, batch: int, context: int, dtype: str, expert_bytes_per_weight: float | None = None) -> dict:
     """One decode step at `batch` rows that each attend `context` earlier positions: the kernel's bytes, the ideal's,
     and FLOPs. expert_bytes_per_weight overrides the routed experts' storage (MXFP4's 4.25 bits: a paper variant)."""
@@ -67,13 +79,13 @@ def step(c: Config, batch: int, context: int, dtype: str, expert_bytes_per_weigh
     head = c.vocab_size * c.hidden * wsize + batch * c.hidden * wsize  # LM head once, the embedding rows
     window = cache_slots(context + 1, c.max_context)
     tile = min(ATTN_TILE, window)
-    read = -(-context // tile) * tile  # whole tiles up to the highest row's position (the rest are skipped)
+    read, attended = kv_positions(c, context, tile)
     kv_slot = 2 * K * hd * 4  # K and V of one position, one layer, float32
-    kernel = weights + head + L * batch * kv_slot * (read + 1)  # the tiles read, the new slot written
-    ideal = weights + head + L * batch * kv_slot * (context + 1)
+    kernel = weights + head + batch * kv_slot * (read + L)  # the tiles read, the new slot written
+    ideal = weights + head + batch * kv_slot * attended
     per_token = (L * attn + Ld * dense + Lm * (moe + c.top_k * one_expert)) / wsize  # weights a row multiplies
-    flops = 2 * batch * (per_token + c.vocab_size * c.hidden) + 4 * batch * L * H * hd * (context + 1)
-    return {"batch": batch, "context": context, "window": window, "positions_read": read, "dtype": dtype,
+    flops = 2 * batch * (per_token + c.vocab_size * c.hidden) + 4 * batch * H * hd * attended
+    return {"batch": batch, "context": context, "window": window, "positions_read": read // L, "dtype": dtype,
             "expert_bytes_per_weight": expert_bytes_per_weight, "expected_distinct_experts": round(used, 2),
             "weights_bytes": int(weights), "kernel_bytes": int(kernel), "ideal_bytes": int(ideal),
             "kernel_over_ideal": round(kernel / ideal, 4), "flops": int(flops),

@@ -15,6 +15,7 @@ import numpy as np
 
 from engines.config import Config
 from engines.megakernel.spec import (
+    EXPERT_VECTORS,
     KernelSpec,
     dense_keys,
     expert_keys,
@@ -123,8 +124,10 @@ def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
     B, D, L, K, hd, H, TS = spec.batch, c.hidden, c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads, spec.tile
     shapes = expected_shapes(c)
     out = [Item("activations", "x in", (B, D), "float32"), Item("activations", "positions", (B, 1), "int32"),
-           Item("activations", "rope q", (1, H * hd), "float32", 2),
-           Item("activations", "rope k", (1, K * hd), "float32", 2),
+           Item("activations", "rope q (first)", (1, H * hd), "float32"),
+           Item("activations", "rope q (freq: full, sliding)", (2, H * hd), "float32"),
+           Item("activations", "rope k (first)", (1, K * hd), "float32"),
+           Item("activations", "rope k (freq: full, sliding)", (2, K * hd), "float32"),
            Item("activations", "x out", (B, D), "float32"),
            Item("activations", "taps", (L if spec.want_taps else 1, B, D), "float32")]
     for k in streamed_keys(c):
@@ -136,7 +139,9 @@ def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
         D, F = (shapes[k][2], shapes[k][1]) if k == "down" else (shapes[k][1], shapes[k][2])
         out.append(Item("mlp chunks", k, (F // n, D) if k == "down" else (D, F // n), dtype, 2))
     for k in expert_keys(c):
-        out.append(Item("experts", k, shapes[k][2:], hbm_dtype(k, dtype), 2))
+        vector = k in EXPERT_VECTORS
+        out.append(Item("experts", k, (1, *shapes[k][2:]) if vector else shapes[k][2:],
+                        hbm_dtype(k, dtype, 1 if vector else 2), 2))
     if expert_keys(c):
         out.append(Item("activations", "chosen expert ids", (1, max(LANES, expert_slots(spec))), "int32"))
     out += [Item("kv tiles", "K and V tiles", (B, K, TS, hd), spec.kv_dtype, 2 * spec.kv_buffers),

@@ -39,10 +39,10 @@ from engines.loop import (
 )
 from engines.megakernel import ops
 from engines.megakernel.budget import budget
-from engines.megakernel.faults import ALL_FAULTS, BY_NAME, FAULTS, Knobs, knobs, rows, stale_feedback
+from engines.megakernel.faults import ALL_FAULTS, BY_NAME, FAULTS, MODEL_NEEDS, Knobs, knobs, rows, stale_feedback
 from engines.megakernel.kernel import KernelSpec, decode_layers, hbm_arrays
 from engines.megakernel.prefill import prefill_hidden
-from engines.megakernel.spec import SUPPORTED_FEATURES
+from engines.megakernel.spec import SUPPORTED_FEATURES, norm_weight, rope_arrays
 from engines.megakernel.tpu import CHIPS, DEFAULT_CHIP, lower, races_found, tpu_interpret_params
 from engines.weights import Weights
 
@@ -103,7 +103,8 @@ class _Programs:
 
     # ---- jitted pieces -------------------------------------------------------------------------
     def _logits(self, w, x, eps=None):
-        return ops.mm(ops.rmsnorm(x, w["final_norm"], self.config.rms_eps if eps is None else eps), w["head_t"])
+        logits = ops.mm(ops.rmsnorm(x, w["final_norm"], self.config.rms_eps if eps is None else eps), w["head_t"])
+        return ops.softcap(logits, self.config.final_softcap)
 
     def _pick(self, logits, k, want_logits):
         z = logits - jnp.max(logits, axis=-1, keepdims=True)
@@ -142,7 +143,7 @@ class _Programs:
     def _decode_impl(self, w, ids, pos, kc, vc, want_taps=False, window=None):
         """The kernel step: hidden states after the last layer [B, D], the updated caches, taps."""
         spec = self._spec(ids.shape[0], kc.shape[3], want_taps, window, str(w["hbm"]["wq"].dtype))
-        x = w["embed"][ids].astype(F32)
+        x = w["embed"][ids].astype(F32) * ops.embed_scale(self.config)
         return decode_layers(spec, w["hbm"], x, pos, kc, vc, w["rope_decode"])
 
     def _head_impl(self, w, x, k, want_logits, decode):
@@ -188,8 +189,10 @@ class MegakernelEngine(Engine):
             raise ModelError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
         if fault is not None and fault not in ALL_FAULTS:
             raise ModelError(f"unknown fault {fault!r}; expected one of {', '.join(ALL_FAULTS)}")
-        if fault is not None and BY_NAME[fault].needs == "moe" and weights.config.family != "moe":
-            raise ModelError(f"fault {fault} needs a MoE model; {weights.config.name} is dense")
+        if fault is not None and BY_NAME[fault].needs in MODEL_NEEDS and not MODEL_NEEDS[BY_NAME[fault].needs][1](
+                weights.config):
+            raise ModelError(f"fault {fault} needs {MODEL_NEEDS[BY_NAME[fault].needs][0]}; {weights.config.name} "
+                             f"has none")
         if interpret not in INTERPRET_MODES:
             raise ModelError(f"--engine-option interpret={interpret!r}: expected one of {', '.join(INTERPRET_MODES)}")
         if interpret == "mosaic" and jax.default_backend() != "tpu":
@@ -224,11 +227,10 @@ class MegakernelEngine(Engine):
         self.embed = jnp.asarray(weights.arrays["embed"], jnp.dtype(dtype))
         head = weights.arrays["embed"] if c.tie_embeddings else weights.arrays["lm_head"]
         self.head_t = jnp.asarray(np.ascontiguousarray(head.T), jnp.dtype(dtype))  # [D, V]
-        self.final_norm = jnp.asarray(weights.arrays["final_norm"][None, :], F32)
-        self.rope = self._rope_tables(c.rope_theta)
+        self.final_norm = jnp.asarray(norm_weight(c, "final_norm", weights.arrays["final_norm"])[None, :], F32)
+        self.rope = rope_arrays(c)
         # the decode step's own tables (the prefill is never faulted)
-        self.rope_decode = self._rope_tables(c.rope_theta * kn.rope_theta_factor) if kn.rope_theta_factor != 1.0 \
-            else self.rope
+        self.rope_decode = rope_arrays(c, kn.rope_theta_factor) if kn.rope_theta_factor != 1.0 else self.rope
         # Weights go into the jitted functions as arguments, never as closure constants: a constant
         # is baked into every compiled shape (540 MB each for SmolLM2), which ran the machine out
         # of memory after a handful of shapes.
@@ -267,13 +269,6 @@ class MegakernelEngine(Engine):
     def compiled_decode_shapes(self) -> int:
         """How many decode-kernel programs (one per rows, slots, window, taps) this engine's spec has compiled."""
         return self._decode._cache_size()
-
-    def _rope_tables(self, theta: float) -> dict:
-        c = self.config
-        fq, nq, _ = ops.rope_tables(c.rope_style, c.head_dim, c.n_heads, theta, c.rotary_dim)
-        fk, nk, _ = ops.rope_tables(c.rope_style, c.head_dim, c.n_kv_heads, theta, c.rotary_dim)
-        return {"first_q": jnp.asarray(fq), "freq_q": jnp.asarray(nq),
-                "first_k": jnp.asarray(fk), "freq_k": jnp.asarray(nk)}
 
     # ---- the protocol --------------------------------------------------------------------------
     @property

@@ -51,6 +51,9 @@ class Knobs:
     router_skip_first: bool = _knob(False, "kernel")  # the router takes ranks 2..k+1
     moe_unnormalized: bool = _knob(False, "kernel")  # top-k routing weights not renormalised
     expert_offset: int = _knob(0, "kernel")  # routed expert e computes with expert e + this's weights
+    window_offset: int = _knob(0, "kernel")  # a sliding layer's window is this many slots wider
+    softcap_after_mask: bool = _knob(False, "kernel")  # the scores' soft-cap applied after the causal mask
+    sink_dropped: bool = _knob(False, "kernel")  # the attention sinks left out of the softmax denominator
     topk_renormalized: bool = _knob(False, "head")  # top-k logprobs renormalised over the k ids
     topk_ranks_swapped: bool = _knob(False, "head")  # ranks 2 and 3 carry each other's ids
     stale_feedback: bool = _knob(False, "loop")  # each decode step fed the token of one step earlier
@@ -115,8 +118,8 @@ CATALOGUE = tuple(Fault(*f) for f in (
      "a per-row write-back offset computed from the wrong row's length (only batch > 1 shows it)", "batch"),
     ("gqa_transposed", Knobs(gqa_transposed=True), "query head h reads KV head h % n_kv_heads instead of h // group",
      "the GQA head-to-KV-group mapping transposed (a reshape in the wrong order)"),
-    ("gelu_mlp", Knobs(gelu_mlp=True), "the dense MLP's SiLU is replaced by tanh-GELU",
-     "an activation copied from another family's kernel (GeGLU for SwiGLU)"),
+    ("gelu_mlp", Knobs(gelu_mlp=True), "the dense MLP's activation is swapped (SiLU for tanh-GELU and back)",
+     "an activation copied from another family's kernel (GeGLU for SwiGLU, or SwiGLU for Gemma's GeGLU)"),
     ("skip_last_tile", Knobs(skip_last_tile=True),
      "the last attention tile of the cache window is skipped (when there are two or more)",
      "a tile loop bound of n_tiles - 1, or a remainder tile dropped: only contexts past 128 tokens show it",
@@ -159,6 +162,16 @@ CATALOGUE = tuple(Fault(*f) for f in (
     ("pos_weights_dtype", Knobs(pos_in_weights_dtype=True),
      "the decode step's RoPE position is rounded to the weights' dtype",
      "a position vector cast with the activations (bf16 holds integers exactly only up to 256)", "bf16 long"),
+    ("window_off_by_one", Knobs(window_offset=1),
+     "a sliding layer's query also sees the position one past its window (p - window .. p)",
+     "a sliding-window bound written with <= for < (window + 1 keys): only contexts past the window show it",
+     "sliding"),
+    ("softcap_after_mask", Knobs(softcap_after_mask=True),
+     "the attention scores' soft-cap is applied after the causal mask, so masked slots score -cap, not -inf",
+     "Gemma 2's tanh cap moved after the mask in a fused kernel: every masked and unwritten slot joins the "
+     "softmax's denominator", "softcap"),
+    ("sink_dropped", Knobs(sink_dropped=True), "the attention sinks' logits are left out of the softmax denominator",
+     "gpt-oss's per-head sink dropped by a kernel ported from a model without sinks", "sinks"),
     ("topk_renormalized", Knobs(topk_renormalized=True), "the reported top-k logprobs are renormalised over the k ids",
      "a server that returns top-k log-softmax over the top-k instead of the vocabulary (generate() only)"),
     ("topk_ids_swapped", Knobs(topk_ranks_swapped=True), "ranks 2 and 3 of the reported top-k carry each other's ids",
@@ -176,7 +189,17 @@ def knobs(fault: str | None) -> Knobs:
     return Knobs() if fault is None else BY_NAME[fault].knobs
 
 
-SHOWS_WITH = {"": "any prompt", "moe": "MoE models", "batch": "batch > 1, rows at different positions",
+# Faults of one family's layers: what the model needs (a description and the Config test); the engine refuses a
+# fault whose model lacks it
+MODEL_NEEDS = {"moe": ("a MoE model", lambda c: c.family == "moe"),
+               "sliding": ("sliding-window layers (Gemma 2/3, gpt-oss)", lambda c: "sliding" in c.layer_kinds),
+               "softcap": ("an attention soft-cap (Gemma 2)", lambda c: bool(c.attn_softcap)),
+               "sinks": ("attention sinks (gpt-oss)", lambda c: c.attn_sinks)}
+SHOWS_WITH = {"": "any prompt", "moe": "MoE models",
+              "sliding": "models with sliding-window layers, contexts past the window",
+              "softcap": "models with an attention soft-cap (Gemma 2)",
+              "sinks": "models with attention sinks (gpt-oss)",
+              "batch": "batch > 1, rows at different positions",
               "tiles": "contexts past 128 tokens",
               "refill": "more prompts than rows, finishing at different steps (refills of two or more rows)",
               "shrink": "rows finishing at different steps, the live ones not first",

@@ -39,25 +39,15 @@ from engines.megakernel.spec import (  # noqa: F401 (KernelSpec and hbm_arrays a
 )
 
 F32 = jnp.float32
-
-
-def online_softmax_step(mla, scores, values):
-    """Fold one tile into a running softmax: mla = (max [n,G,1], sum [n,G,1], acc [n,G,hd]);
-    scores [n, G, TS] (-inf where masked), values [n, TS, hd]."""
-    m, lsum, acc = mla
-    m_new = jnp.maximum(m, jnp.max(scores, axis=-1, keepdims=True))
-    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # a fully masked tile adds nothing
-    alpha = jnp.exp(m - m_safe)
-    pr = jnp.exp(scores - m_safe)
-    return (m_new, lsum * alpha + jnp.sum(pr, axis=-1, keepdims=True),
-            acc * alpha + jnp.einsum("nqk,nkd->nqd", pr, values, preferred_element_type=F32))
+ROPE_KEYS = ("first_q", "freq_q", "first_k", "freq_k")
 
 
 def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_cache: jax.Array,
                   v_cache: jax.Array, rope: dict):
     """x [B, D] float32 (embedded tokens), pos [B] int32 (the slot each row writes).
     k_cache, v_cache [L, B, K, S, hd] in spec.kv_dtype, updated in place (aliased).
-    rope: first_q, freq_q, first_k, freq_k from ops.rope_tables.
+    rope: first_q, freq_q, first_k, freq_k from ops.rope_tables, each freq [2, heads*hd]: the full layers' row, then
+    the sliding layers'.
     Returns x [B, D] after the last layer, k_cache, v_cache, taps [L, B, D] (zeros if not wanted).
     """
     c = spec.config
@@ -74,13 +64,20 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     eps = (NORM_EPS_FAULT if c.rms_eps != NORM_EPS_FAULT else 1e-5) if kn.hardcoded_norm_eps else c.rms_eps
     n_tiles = S // TS - (1 if kn.skip_last_tile and S // TS > 1 else 0)
     gqa_t = kn.gqa_transposed  # query head h reads kv head h % K instead of h // G
+    gelu = (c.mlp_act == "gelu_tanh") != kn.gelu_mlp  # GeGLU (Gemma); the gelu_mlp fault swaps the activation
     shift = ops.rope_shift(c)
+    kinds = [1 if c.kind(i) == "sliding" else 0 for i in range(L)]  # a layer's kind, read from SMEM
+    windowed = any(kinds)
+    win = c.sliding_window + kn.window_offset  # a sliding layer's query at p sees p - win + 1 .. p
+    # the scores' scale: 1/sqrt(hd) or Gemma's query_pre_attn_scalar**-0.5, times a scaled RoPE's factor (YaRN)
+    base_scale = ((c.query_scale or hd) + kn.scale_dim_offset) ** -0.5
+    scales = [base_scale * ops.rope_freqs(c, kind)[1] for kind in ("full", "sliding")]
     kvd = jnp.dtype(spec.kv_dtype)
     assert k_cache.dtype == kvd and v_cache.dtype == kvd, (k_cache.dtype, spec.kv_dtype)
 
     def kernel(*refs):
-        pos_s, x_in, pos_v, first_q, freq_q, first_k, freq_k = refs[:7]
-        i = 7
+        pos_s, kinds_s, x_in, pos_v, first_q, freq_q, first_k, freq_k = refs[:8]
+        i = 8
         w = dict(zip(streamed + ek + dk, refs[i:i + len(streamed) + len(ek) + len(dk)]))
         i += len(streamed) + len(ek) + len(dk)
         kc_in, vc_in = refs[i:i + 2]
@@ -95,9 +92,10 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
         sem_w, kbuf0, kbuf1, vbuf0, vbuf1, sem_kv, sem_wb, attn_buf, newk, newv = refs[i:i + 10]
         kbufs, vbufs = (kbuf0, kbuf1), (vbuf0, vbuf1)
         i += 10
-        ebuf = [dict(zip(ek, refs[i + 3 * j:i + 3 * j + 3])) for j in range(2 if ek else 0)]  # two expert slots
-        eids, sem_e = (refs[i + 6], refs[i + 7]) if ek else (None, None)
-        i += 8 if ek else 0
+        ne = len(ek)
+        ebuf = [dict(zip(ek, refs[i + ne * j:i + ne * j + ne])) for j in range(2 if ek else 0)]  # two expert slots
+        eids, sem_e = (refs[i + 2 * ne], refs[i + 2 * ne + 1]) if ek else (None, None)
+        i += 2 * ne + 2 if ek else 0
         cbuf = [dict(zip(dk, refs[i + 3 * j:i + 3 * j + 3])) for j in range(2 if dk else 0)]  # two MLP chunk slots
         sem_c = refs[i + 6] if dk else None
         # kc_in/vc_in alias kc_out/vc_out (one HBM buffer on a TPU): the layers read the cache
@@ -128,13 +126,18 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
         for b in range(1, B):
             reach = jnp.maximum(reach, pos_s[b])
         live = jax.lax.div(reach + (TS if kn.mask_own_slot else TS - 1), TS)  # reach >= 0: floor division
+        low = pos_s[0]  # the lowest row's position: a sliding layer's tiles before its window are never read
+        for b in range(1, B):
+            low = jnp.minimum(low, pos_s[b])
         x_out[...] = x_in[...]
-        scale = 1.0 / ((hd + kn.scale_dim_offset) ** 0.5)
 
         def layer(l, s):
             """Layer l (traced) whose weights sit in buffer slot s (static: l % nb)."""
             nxt = (s + 1) % nb
             b_ = buf[s]
+            sliding = kinds_s[l] == 1
+            # the first tile any row attends: 0, or on a sliding layer the lowest row's window start's
+            first = jnp.where(sliding, jax.lax.div(jnp.maximum(low - win + 1, 0), TS), 0) if windowed else 0
 
             def kv_tile(t):
                 """Tile t of this layer's window (cache positions t*TS..) into KV buffer slot t % kv_buffers."""
@@ -148,10 +151,11 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                     for cp in chunk_copies(l, 0):  # the MLP's first chunk loads under the attention
                         cp.start()
 
-            @pl.when(live > 0)
-            def _():
-                for cp in kv_tile(0):  # the first tile loads under the QKV projection
-                    cp.start()
+            for t in range(n_tiles if windowed else 1):
+                @pl.when((first == t) & (t < live))
+                def _(t=t):
+                    for cp in kv_tile(t):  # the first tile loads under the QKV projection
+                        cp.start()
 
             wait(ak, l, s)
 
@@ -174,8 +178,11 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 rpos = ops.round_to(rpos.astype(F32), b_["wq"].dtype).astype(jnp.int32)
             if kn.rows_pos_swapped and B > 1:
                 rpos = jnp.concatenate([rpos[1:2], rpos[0:1]] + ([rpos[2:]] if B > 2 else []), axis=0)  # no 0-row piece
-            q = ops.rope(q, rpos, first_q[...], freq_q[...], shift, roll=pltpu.roll)
-            k = ops.rope(k, rpos, first_k[...], freq_k[...], shift, roll=pltpu.roll)
+            fq, fk = freq_q[0:1, :], freq_k[0:1, :]
+            if windowed:  # a sliding layer's own RoPE (Gemma 3: another base, unscaled)
+                fq, fk = jnp.where(sliding, freq_q[1:2, :], fq), jnp.where(sliding, freq_k[1:2, :], fk)
+            q = ops.rope(q, rpos, first_q[...], fq, shift, roll=pltpu.roll)
+            k = ops.rope(k, rpos, first_k[...], fk, shift, roll=pltpu.roll)
 
             # The new token's K/V: staged in VMEM for the write-back DMA, and attended to as the
             # last term of the online softmax (the cache tiles cover positions < p only), so no
@@ -192,15 +199,27 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             # loop here made the generic interpreter carry (and copy) every scratch buffer per
             # iteration, 5x slower at batch 8.
             # head kh*G + g of row b -> group b*K + kh, row g
+            scale = jnp.where(sliding, scales[1], scales[0]) if scales[0] != scales[1] else scales[0]
             qg = (q.reshape(B, G, K, hd).transpose(0, 2, 1, 3) if gqa_t else q).reshape(B * K, G, hd) * scale
             row_pos = jnp.repeat(pos_v[...], K, axis=0)[:, :, None]  # [n, 1, 1]
 
             def seen(col):
                 """Which cache positions `col` (any shape broadcasting against [n, 1, 1]) a row attends."""
                 ok = (col <= row_pos) if kn.mask_own_slot else (col < row_pos)
-                return (ok & (col > 0)) if kn.mask_first_slot else ok
+                ok = (ok & (col > 0)) if kn.mask_first_slot else ok
+                return (ok & ((col > row_pos - win) | jnp.logical_not(sliding))) if windowed else ok
+
+            def capped(sc, ok):
+                """Soft-capped scores (Gemma 2), -inf where not attended; the cap goes before the mask."""
+                if kn.softcap_after_mask:  # -inf capped to -cap: masked slots join the denominator
+                    return ops.softcap(jnp.where(ok, sc, -jnp.inf), c.attn_softcap)
+                return jnp.where(ok, ops.softcap(sc, c.attn_softcap), -jnp.inf)
             mla = (jnp.full((B * K, G, 1), -jnp.inf, F32), jnp.zeros((B * K, G, 1), F32),
                    jnp.zeros((B * K, G, hd), F32))
+            if c.attn_sinks and not kn.sink_dropped:  # gpt-oss: a learned logit per head joins the denominator
+                sk = b_["sinks"][...]  # [1, H]: head kh*G + g (gqa_transposed: g*K + kh)
+                sk = sk.reshape(1, G, K).transpose(0, 2, 1) if gqa_t else sk.reshape(1, K, G)
+                mla = (jnp.broadcast_to(sk, (B, K, G)).reshape(B * K, G, 1), jnp.ones((B * K, G, 1), F32), mla[2])
             for t in range(n_tiles):  # a tile no row attends is neither copied nor read (bitwise the same:
                 # a fully masked tile adds exactly nothing to the online softmax)
                 def tile_step(mla, t=t):
@@ -220,13 +239,13 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                     # V is masked as well as the scores: an unwritten slot may hold anything (NaN included), and
                     # a zero probability times NaN is NaN
                     vt = jnp.where(seen(col.reshape(B * K, TS, 1)), vt, 0.0)
-                    return online_softmax_step(mla, jnp.where(seen(col), sc, -jnp.inf), vt)
+                    return ops.online_softmax_step(mla, capped(sc, seen(col)), vt)
 
-                mla = jax.lax.cond(t < live, tile_step, lambda m: m, mla)
+                mla = jax.lax.cond((t >= first) & (t < live), tile_step, lambda m: m, mla)
             if not kn.skip_new_kv:  # the fault: the newest entry is never attended to
                 k_new = k.reshape(B * K, 1, hd)
                 sc = jnp.einsum("nqd,nkd->nqk", qg, k_new, preferred_element_type=F32)  # [n, G, 1]
-                mla = online_softmax_step(mla, sc, v.reshape(B * K, 1, hd))
+                mla = ops.online_softmax_step(mla, ops.softcap(sc, c.attn_softcap), v.reshape(B * K, 1, hd))
             _, lsum, acc = mla
             out = jnp.where(lsum > 0, acc / jnp.maximum(lsum, 1e-30), 0.0)  # [n, G, hd]
             attn_buf[...] = (out.reshape(B, K, G, hd).transpose(0, 2, 1, 3) if gqa_t else out).reshape(B, H * hd)
@@ -240,7 +259,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 o = jnp.where(jnp.sum(pos_v[...] > 0) > 1, split, o)
             if c.o_bias:
                 o = o + b_["bo"][...]
-            x = x + o
+            post = (lambda y, key: ops.rmsnorm(y, b_[key][...], eps)) if c.post_norms else (lambda y, key: y)
+            x = x + post(o, "post_attn_norm")  # Gemma: each branch normed before its residual add
             h = ops.rmsnorm(x, b_["mlp_norm"][...], eps)
             keep = (l != spec.fault_layer) if kn.drop_layer else True
 
@@ -260,9 +280,9 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                             for cp in chunk_copies(l, j + 1):
                                 cp.start()
                         cb = cbuf[j % 2]
-                        part = ops.swiglu(h, cb["gate"][...], cb["up"][...], cb["down"][...], gelu=kn.gelu_mlp)
+                        part = ops.swiglu(h, cb["gate"][...], cb["up"][...], cb["down"][...], gelu=gelu)
                         y = part if y is None else y + part
-                    x_out[...] = x + jnp.where(keep, y, 0.0)
+                    x_out[...] = x + jnp.where(keep, post(y, "post_mlp_norm"), 0.0)
 
             if Lm:
                 @pl.when(l >= Ld)
@@ -272,7 +292,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                     gates = ops.pick_experts(logits, b_["router_bias"][...], router=c.router,
                                              top_k=c.top_k, norm_topk=c.norm_topk and not kn.moe_unnormalized,
                                              scale=c.routed_scale, skip_first=kn.router_skip_first)
-                    x_out[...] = x + jnp.where(keep, routed_experts(l - Ld, h, gates, b_), 0.0)
+                    x_out[...] = x + jnp.where(keep, post(routed_experts(l - Ld, h, gates, b_), "post_mlp_norm"), 0.0)
 
             if kn.bf16_residual:
                 x_out[...] = ops.round_to(x_out[...], jnp.bfloat16)
@@ -285,14 +305,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             the shared expert. Experts are taken in ascending id, the order a sum over all experts would add them."""
             E = c.n_experts
             iota = jax.lax.broadcasted_iota(jnp.int32, (1, E), 1)
-            lane = jax.lax.broadcasted_iota(jnp.int32, eids.shape, 1)
-            left = jnp.where(jnp.max(jnp.where(gates != 0, 1, 0), axis=0, keepdims=True) > 0, iota, E)  # [1, E]
-            ids = jnp.full(eids.shape, E, jnp.int32)  # E: an unused slot
-            for j in range(n_slots):  # the distinct chosen ids, ascending
-                first = jnp.min(left, axis=-1, keepdims=True)
-                ids = jnp.where(lane == j, first, ids)
-                left = jnp.where(iota == first, E, left)
-            eids[...] = ids
+            eids[...] = ops.chosen_ids(gates, eids.shape, n_slots)  # the distinct chosen ids, ascending; E: unused
 
             def copies(j):
                 we = (eids[0, j] + kn.expert_offset) % E  # the weight slice (expert_offset: the fault's)
@@ -318,7 +331,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                     guarded(j + 1, True)
                 e = eids[0, j]
                 g = jnp.sum(jnp.where(iota == e, gates, 0.0), axis=-1, keepdims=True)  # [B, 1]: gates[:, e]
-                out = ops.swiglu(h, ebuf[j % 2]["e_gate"][...], ebuf[j % 2]["e_up"][...], ebuf[j % 2]["e_down"][...])
+                out = ops.expert(h, {k: r[...] for k, r in ebuf[j % 2].items()}, c.expert_act, c.swiglu_alpha,
+                                 c.swiglu_limit)
                 y = jnp.where(e < E, y + g * out, y)  # an unused slot's buffer is never read into y
             return y + shared if shared is not None else y
 
@@ -354,7 +368,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
     smem = pl.BlockSpec(memory_space=pltpu.SMEM)
-    in_specs = [smem] + [vmem] * 6 + [any_spec] * (len(streamed) + len(ek) + len(dk)) + [any_spec, any_spec]
+    in_specs = [smem, smem] + [vmem] * 6 + [any_spec] * (len(streamed) + len(ek) + len(dk)) + [any_spec, any_spec]
     out_specs = (vmem, any_spec, any_spec, vmem)
     n_in = len(in_specs)
     scratch = [pltpu.VMEM(hbm[k].shape[1:], hbm[k].dtype) for _ in range(nb) for k in streamed]
@@ -365,7 +379,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 pltpu.VMEM((L, B, K, 1, hd), kvd), pltpu.VMEM((L, B, K, 1, hd), kvd)]
     if ek:  # two routed-expert slots, the chosen ids (lanes), their semaphores
         scratch += [pltpu.VMEM(hbm[k].shape[2:], hbm[k].dtype) for _ in range(2) for k in ek]
-        scratch += [pltpu.VMEM((1, max(128, n_slots)), jnp.int32), pltpu.SemaphoreType.DMA((2, 3))]
+        scratch += [pltpu.VMEM((1, max(128, n_slots)), jnp.int32), pltpu.SemaphoreType.DMA((2, len(ek)))]
     if dk:  # two MLP chunk slots and their semaphores
         scratch += [pltpu.VMEM(hbm[k].shape[2:], hbm[k].dtype) for _ in range(2) for k in dk]
         scratch += [pltpu.SemaphoreType.DMA((2, 3))]
@@ -376,5 +390,5 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                           scratch_shapes=scratch, input_output_aliases={n_in - 2: 1, n_in - 1: 2},
                           interpret=spec.interpret, name="decode_megakernel",
                           compiler_params=pltpu.CompilerParams(vmem_limit_bytes=spec.vmem_limit))
-    return call(pos, x, pos[:, None], rope["first_q"], rope["freq_q"], rope["first_k"], rope["freq_k"],
+    return call(pos, jnp.asarray(kinds, jnp.int32), x, pos[:, None], *[rope[k] for k in ROPE_KEYS],
                 *[hbm[k] for k in streamed + ek + dk], k_cache, v_cache)

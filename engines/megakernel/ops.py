@@ -34,20 +34,82 @@ def round_to(x: jax.Array, dtype) -> jax.Array:
     return jax.lax.bitcast_convert_type(u, jnp.float32)
 
 
+def online_softmax_step(mla, scores, values):
+    """Fold one tile into a running softmax: mla = (max [n,G,1], sum [n,G,1], acc [n,G,hd]);
+    scores [n, G, TS] (-inf where masked), values [n, TS, hd]. A start of (sink, 1, 0) is a sink's logit already
+    in the denominator."""
+    m, lsum, acc = mla
+    m_new = jnp.maximum(m, jnp.max(scores, axis=-1, keepdims=True))
+    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # a fully masked tile adds nothing
+    alpha = jnp.exp(m - m_safe)
+    pr = jnp.exp(scores - m_safe)
+    return (m_new, lsum * alpha + jnp.sum(pr, axis=-1, keepdims=True),
+            acc * alpha + jnp.einsum("nqk,nkd->nqd", pr, values, preferred_element_type=F32))
+
+
 def rmsnorm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     """x [N, D] float32, w [1, D] float32."""
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope_tables(style: str, head_dim: int, n_heads: int, theta: float,
+def rope_freqs(c, kind: str, theta_factor: float = 1.0) -> tuple[np.ndarray, float]:
+    """The rotation frequency of each of a "full" or "sliding" layer's r/2 pairs (float64) and the factor on its
+    q.k scores, from the scalings' published definitions. Sliding layers with their own base (Gemma 3's
+    rope_theta_local) are plain and unscaled; otherwise the Config's scaling applies to every layer (gpt-oss).
+    theta_factor multiplies the base (the rope_theta fault).
+      linear: every frequency / factor.
+      llama3: wavelengths under orig / high_freq_factor kept, over orig / low_freq_factor / factor, a blend
+        between (weight orig / wavelength, rescaled from [low, high] to [0, 1]).
+      yarn (Peng et al.): pair i keeps its frequency when it turns more than beta_fast times within the original
+        context, is / factor when under beta_slow times, a linear blend between (the pair indices of those two
+        counts, floored and ceiled unless truncate is false); the scores grow by mscale^2, mscale = 0.1 ln(factor) + 1
+        (or attention_factor, or the ratio of the two mscales DeepSeek's configs give).
+    """
+    r = c.rope_dim
+    local = kind == "sliding" and c.rope_theta_local
+    theta = (c.rope_theta_local if local else c.rope_theta) * theta_factor
+    freq = theta ** (-np.arange(0, r, 2, dtype=np.float64) / r)
+    s = {} if local else dict(c.rope_scaling)
+    kind_of = s.get("type")
+    if not kind_of:
+        return freq, 1.0
+    factor = float(s["factor"])
+    if kind_of == "linear":
+        return freq / factor, 1.0
+    orig = float(s.get("original_max_position_embeddings") or c.max_context)
+    if kind_of == "llama3":
+        lo, hi = float(s["low_freq_factor"]), float(s["high_freq_factor"])
+        wave = 2 * np.pi / freq
+        blend = np.clip((orig / wave - lo) / (hi - lo), 0.0, 1.0)  # 1: kept, 0: / factor
+        return np.where(wave < orig / hi, freq, np.where(wave > orig / lo, freq / factor,
+                                                          blend * freq + (1 - blend) * freq / factor)), 1.0
+
+    def pair_turning(times: float) -> float:  # the pair index whose wavelength fits `times` times in orig
+        return r * np.log(orig / (times * 2 * np.pi)) / (2 * np.log(theta))
+
+    a, b = pair_turning(float(s.get("beta_fast") or 32)), pair_turning(float(s.get("beta_slow") or 1))
+    if s.get("truncate", True):
+        a, b = np.floor(a), np.ceil(b)
+    a, b = max(a, 0.0), min(b, r - 1.0)
+    b = b + 0.001 if a == b else b
+    keep = 1.0 - np.clip((np.arange(r // 2) - a) / (b - a), 0.0, 1.0)
+    mscale = lambda m: 1.0 if factor <= 1 else 0.1 * m * np.log(factor) + 1.0  # noqa: E731
+    att = s.get("attention_factor")
+    if att is None:
+        m, m_all = s.get("mscale"), s.get("mscale_all_dim")
+        att = mscale(float(m)) / mscale(float(m_all)) if m and m_all else mscale(1.0)
+    return keep * freq + (1 - keep) * freq / factor, float(att) ** 2
+
+
+def rope_tables(style: str, head_dim: int, n_heads: int, freqs: np.ndarray,
                 rotary_dim: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
     """For rotating a row of n_heads heads at once: rot(x) = x*cos(p*f) + partner(x)*sin(p*f), where
     partner(x)[a] = -x[a + shift] on the first dimension of each pair and x[b - shift] on the second.
 
-    Returns first [1, n_heads*hd] (1.0 on each pair's first dimension), f [1, n_heads*hd] (each dimension's
-    frequency; 0 on dimensions past rotary_dim, which the rotation then leaves as they are) and shift:
-    interleaved: pairs (2i, 2i+1), shift 1; half: pairs (i, i+r/2), shift r/2 (r = rotary_dim or hd);
-    frequency theta^(-2i/r). No pair crosses a head, so rolling the whole row never mixes heads.
+    freqs [r/2]: pair i's frequency (rope_freqs). Returns first [1, n_heads*hd] (1.0 on each pair's first
+    dimension), f [1, n_heads*hd] (each dimension's frequency; 0 on dimensions past rotary_dim, which the rotation
+    then leaves as they are) and shift: interleaved: pairs (2i, 2i+1), shift 1; half: pairs (i, i+r/2), shift r/2
+    (r = rotary_dim or hd). No pair crosses a head, so rolling the whole row never mixes heads.
     """
     r = rotary_dim or head_dim
     half = r // 2
@@ -56,7 +118,7 @@ def rope_tables(style: str, head_dim: int, n_heads: int, theta: float,
     for i in range(half):
         a, b = (2 * i, 2 * i + 1) if style == "interleaved" else (i, i + half)
         first[a] = 1.0
-        freq[a] = freq[b] = theta ** (-2.0 * i / r)
+        freq[a] = freq[b] = freqs[i]
     shift = 1 if style == "interleaved" else half
     return np.tile(first, n_heads)[None, :], np.tile(freq, n_heads).astype(np.float32)[None, :], shift
 
@@ -75,11 +137,58 @@ def rope(x: jax.Array, pos: jax.Array, first: jax.Array, freq: jax.Array, shift:
     return x * jnp.cos(ang) + partner * jnp.sin(ang)
 
 
+def gelu_tanh(a: jax.Array) -> jax.Array:
+    """GELU by its tanh approximation: a/2 (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3)))."""
+    return 0.5 * a * (1.0 + jnp.tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
+
+
 def swiglu(h: jax.Array, g: jax.Array, u: jax.Array, d: jax.Array, gelu: bool = False) -> jax.Array:
-    """gelu: tanh-GELU in place of SiLU (the gelu_mlp fault)."""
+    """act(h g) * (h u), then d; act SiLU, or tanh-GELU with gelu (Gemma's GeGLU; the gelu_mlp fault's swap)."""
     a = mm(h, g)
-    act = jax.nn.gelu(a, approximate=True) if gelu else a * jax.nn.sigmoid(a)
+    act = gelu_tanh(a) if gelu else a * jax.nn.sigmoid(a)
     return mm(act * mm(h, u), d)
+
+
+def expert(h: jax.Array, e: dict, act: str = "swiglu", alpha: float = 1.702, limit: float = 7.0) -> jax.Array:
+    """One routed expert on h [N, D]: e holds e_gate, e_up, e_down (and gpt-oss's biases e_gate_b, e_up_b,
+    e_down_b, [1, X] rows). act "gptoss": the gate clamped above at limit, up to [-limit, limit], then
+    gate * sigmoid(alpha * gate) * (up + 1); else SiLU(gate) * up."""
+    g, u = mm(h, e["e_gate"]), mm(h, e["e_up"])
+    if "e_gate_b" in e:
+        g, u = g + e["e_gate_b"], u + e["e_up_b"]
+    if act == "gptoss":
+        g, u = jnp.minimum(g, limit), jnp.clip(u, -limit, limit)
+        a = g * jax.nn.sigmoid(alpha * g) * (u + 1.0)
+    else:
+        a = g * jax.nn.sigmoid(g)
+        a = a * u
+    y = mm(a, e["e_down"])
+    return y + e["e_down_b"] if "e_down_b" in e else y
+
+
+def softcap(s: jax.Array, cap: float) -> jax.Array:
+    """cap * tanh(s / cap) (Gemma 2's scores and logits); cap 0: s."""
+    return cap * jnp.tanh(s / cap) if cap else s
+
+
+def embed_scale(c) -> float:
+    """What the embedded token is multiplied by: sqrt(hidden) for Gemma, else 1."""
+    return float(np.float32(c.hidden ** 0.5)) if c.embed_scale else 1.0
+
+
+def chosen_ids(gates: jax.Array, shape: tuple[int, int], n: int) -> jax.Array:
+    """The distinct experts any row chose (gates [N, E], nonzero where chosen), ascending, in the first n lanes of
+    an int32 [1, lanes] vector; E in the lanes past them. By repeated masked min (no sort, no gather)."""
+    E = gates.shape[-1]
+    iota = jax.lax.broadcasted_iota(jnp.int32, (1, E), 1)
+    lane = jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+    left = jnp.where(jnp.max(jnp.where(gates != 0, 1, 0), axis=0, keepdims=True) > 0, iota, E)  # [1, E]
+    ids = jnp.full(shape, E, jnp.int32)
+    for j in range(n):
+        first = jnp.min(left, axis=-1, keepdims=True)
+        ids = jnp.where(lane == j, first, ids)
+        left = jnp.where(iota == first, E, left)
+    return ids
 
 
 def pick_experts(logits: jax.Array, bias: jax.Array, *, router: str, top_k: int, norm_topk: bool,
@@ -90,7 +199,8 @@ def pick_experts(logits: jax.Array, bias: jax.Array, *, router: str, top_k: int,
     expert and takes ranks 2..k+1 (the router_second_choice fault).
     """
     n, e = logits.shape
-    if router == "softmax":
+    if router == "softmax":  # gpt-oss's router has a bias (Qwen's are zeros)
+        logits = logits + bias
         z = logits - jnp.max(logits, axis=-1, keepdims=True)
         scores = jnp.exp(z) / jnp.sum(jnp.exp(z), axis=-1, keepdims=True)
         choice = scores

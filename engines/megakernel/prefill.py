@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from engines.config import Config
 from engines.megakernel import ops
-from engines.megakernel.spec import unchunked
+from engines.megakernel.spec import expert_keys, unchunked
 
 F32 = jnp.float32
 
@@ -32,7 +32,7 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     G, Ld = H // K, c.n_dense_layers
     shift = ops.rope_shift(c)
     P = 0 if prefix is None else prefix[0].shape[3]
-    x = embed[tokens].astype(F32).reshape(B * T, D)
+    x = embed[tokens].astype(F32).reshape(B * T, D) * ops.embed_scale(c)
     pos = P + jnp.tile(jnp.arange(T, dtype=jnp.int32), B)[:, None]  # [B*T, 1]
     kv = jnp.dtype(kv_dtype)  # the cache's storage; K/V are rounded to it before they are attended
     kc = jnp.zeros((L, B, K, slots, hd), kv)
@@ -40,9 +40,16 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     if prefix is not None:
         kc = kc.at[:, :, :, :P].set(jnp.broadcast_to(prefix[0], (L, B, K, P, hd)))
         vc = vc.at[:, :, :, :P].set(jnp.broadcast_to(prefix[1], (L, B, K, P, hd)))
-    causal = P + jnp.arange(T)[:, None] >= jnp.arange(P + T)[None, :]  # [Tq, P + Tk]: every prefix key, own causally
+    qpos, kpos = P + jnp.arange(T)[:, None], jnp.arange(P + T)[None, :]
+    causal = qpos >= kpos  # [Tq, P + Tk]: every prefix key, own causally
+    local = causal & (kpos > qpos - c.sliding_window)  # a sliding layer's window
+    gelu = c.mlp_act == "gelu_tanh"
+    post = (lambda y, key, l: ops.rmsnorm(y, hbm[key][l], c.rms_eps)) if c.post_norms else (lambda y, key, l: y)
     taps = []
     for l in range(L):
+        sliding = c.kind(l) == "sliding"
+        row = 1 if sliding else 0  # the layer kind's RoPE frequencies and score factor
+        scale = ((c.query_scale or hd) ** -0.5) * ops.rope_freqs(c, c.kind(l))[1]
         h = ops.rmsnorm(x, hbm["attn_norm"][l], c.rms_eps)
         q, k, v = ops.mm(h, hbm["wq"][l]), ops.mm(h, hbm["wk"][l]), ops.mm(h, hbm["wv"][l])
         if c.attn_bias:
@@ -50,8 +57,8 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
         if c.qk_norm:
             q = ops.rmsnorm(q.reshape(-1, hd), hbm["q_norm"][l], c.rms_eps).reshape(B * T, H * hd)
             k = ops.rmsnorm(k.reshape(-1, hd), hbm["k_norm"][l], c.rms_eps).reshape(B * T, K * hd)
-        q = ops.rope(q, pos, rope["first_q"], rope["freq_q"], shift).reshape(B, T, H, hd)
-        k = ops.rope(k, pos, rope["first_k"], rope["freq_k"], shift).reshape(B, T, K, hd)
+        q = ops.rope(q, pos, rope["first_q"], rope["freq_q"][row:row + 1], shift).reshape(B, T, H, hd)
+        k = ops.rope(k, pos, rope["first_k"], rope["freq_k"][row:row + 1], shift).reshape(B, T, K, hd)
         k, v = ops.round_to(k, kv), ops.round_to(v.reshape(B, T, K, hd), kv)
         kc = kc.at[l, :, :, P:P + T].set(k.transpose(0, 2, 1, 3).astype(kv))
         vc = vc.at[l, :, :, P:P + T].set(v.transpose(0, 2, 1, 3).astype(kv))
@@ -60,26 +67,33 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
             k = jnp.concatenate([jnp.broadcast_to(pk, (B, P, K, hd)), k], axis=1)
             v = jnp.concatenate([jnp.broadcast_to(pv, (B, P, K, hd)), v], axis=1)
         kr, vr = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)  # head h reads kv head h // G
-        sc = jnp.einsum("bqhd,bkhd->bhqk", q, kr, preferred_element_type=F32) / (hd ** 0.5)
-        sc = jnp.where(causal, sc, -jnp.inf)
-        pr = jnp.exp(sc - jnp.max(sc, axis=-1, keepdims=True))
-        pr = pr / jnp.sum(pr, axis=-1, keepdims=True)
+        sc = ops.softcap(jnp.einsum("bqhd,bkhd->bhqk", q, kr, preferred_element_type=F32) * scale, c.attn_softcap)
+        sc = jnp.where(local if sliding else causal, sc, -jnp.inf)
+        top = jnp.max(sc, axis=-1, keepdims=True)
+        if c.attn_sinks:  # gpt-oss: head h's sink logit joins the denominator only
+            sink = hbm["sinks"][l].reshape(1, H, 1, 1)
+            top = jnp.maximum(top, sink)
+        pr = jnp.exp(sc - top)
+        pr = pr / (jnp.sum(pr, axis=-1, keepdims=True) + (jnp.exp(sink - top) if c.attn_sinks else 0.0))
         o = jnp.einsum("bhqk,bkhd->bqhd", pr, vr, preferred_element_type=F32).reshape(B * T, H * hd)
         o = ops.mm(o, hbm["wo"][l])
-        x = x + (o + hbm["bo"][l] if c.o_bias else o)
+        x = x + post(o + hbm["bo"][l] if c.o_bias else o, "post_attn_norm", l)
         h = ops.rmsnorm(x, hbm["mlp_norm"][l], c.rms_eps)
         if l < Ld:
-            x = x + ops.swiglu(h, *[unchunked(hbm[k][l], k) for k in ("gate", "up", "down")])
+            x = x + post(ops.swiglu(h, *[unchunked(hbm[k][l], k) for k in ("gate", "up", "down")], gelu=gelu),
+                         "post_mlp_norm", l)
         else:
             m = l - Ld
             gates = ops.pick_experts(jnp.dot(h, hbm["router"][m], preferred_element_type=F32),
                                      hbm["router_bias"][m], router=c.router, top_k=c.top_k,
                                      norm_topk=c.norm_topk, scale=c.routed_scale)
+            y = jnp.zeros_like(x)
             for e in range(c.n_experts):
-                x = x + gates[:, e:e + 1] * ops.swiglu(h, hbm["e_gate"][m, e], hbm["e_up"][m, e],
-                                                       hbm["e_down"][m, e])
+                y = y + gates[:, e:e + 1] * ops.expert(h, {k: hbm[k][m, e] for k in expert_keys(c)}, c.expert_act,
+                                                       c.swiglu_alpha, c.swiglu_limit)
             if c.n_shared_experts:
-                x = x + ops.swiglu(h, hbm["s_gate"][m], hbm["s_up"][m], hbm["s_down"][m])
+                y = y + ops.swiglu(h, hbm["s_gate"][m], hbm["s_up"][m], hbm["s_down"][m])
+            x = x + post(y, "post_mlp_norm", l)
         if want_taps:
             taps.append(x.reshape(B, T, D))
     return x.reshape(B, T, D), kc, vc, (jnp.stack(taps) if want_taps else None)

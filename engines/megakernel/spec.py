@@ -7,18 +7,32 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 from engines.config import Config
+from engines.megakernel import ops
 from engines.megakernel.faults import Knobs
 
 
 def attn_keys(c: Config) -> tuple[str, ...]:
+    """A layer's attention arrays and its norms, streamed together."""
     return (("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm") + (("q_norm", "k_norm") if c.qk_norm else ())
-            + (("bq", "bk", "bv") if c.attn_bias else ()) + (("bo",) if c.o_bias else ()))
+            + (("bq", "bk", "bv") if c.attn_bias else ()) + (("bo",) if c.o_bias else ())
+            + (("post_attn_norm", "post_mlp_norm") if c.post_norms else ()) + (("sinks",) if c.attn_sinks else ()))
 
 
-# Config fields away from the Llama/DeepSeek defaults that the kernel implements (Config.features names them)
-SUPPORTED_FEATURES = ("attn_bias", "o_bias")
+# Config fields away from the Llama/DeepSeek defaults that the kernel implements (Config.features names them):
+# Qwen2's biases and Gemma 2/3's layers
+SUPPORTED_FEATURES = ("attn_bias", "o_bias", "layer_kinds (sliding)", "sliding_window", "rope_theta_local",
+                      "rope_scaling", "norm_style", "post_norms", "mlp_act", "embed_scale", "query_scale",
+                      "attn_softcap", "final_softcap", "attn_sinks", "expert_act", "expert_bias")
+# RMSNorm weights: Gemma's (1 + w) is folded in as the arrays are placed (the kernel's norms then all scale by w)
+NORM_KEYS = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm", "final_norm")
+
+
+def norm_weight(c: Config, key: str, a):
+    """The scale a norm applies: w, or Gemma's 1 + w (float32, as the norms always are)."""
+    return a.astype("float32") + 1.0 if c.norm_style == "gemma" and key in NORM_KEYS else a
 
 
 def dense_keys(c: Config) -> tuple[str, ...]:
@@ -34,7 +48,10 @@ def moe_keys(c: Config) -> tuple[str, ...]:
 
 
 def expert_keys(c: Config) -> tuple[str, ...]:
-    return ("e_gate", "e_up", "e_down") if c.n_moe_layers else ()
+    """A routed expert's arrays, copied together when it is chosen (gpt-oss's with their biases)."""
+    if not c.n_moe_layers:
+        return ()
+    return ("e_gate", "e_up", "e_down") + (("e_gate_b", "e_up_b", "e_down_b") if c.expert_bias else ())
 
 
 def streamed_keys(c: Config) -> tuple[str, ...]:
@@ -64,6 +81,7 @@ def expert_slots(spec) -> int:
 
 
 KEEP_F32 = ("router",)  # besides the vectors (norms and biases): tiny, precision-critical
+EXPERT_VECTORS = ("e_gate_b", "e_up_b", "e_down_b")  # an expert's biases: vectors, float32, [Lm, E, 1, X] rows
 
 
 def hbm_dtype(key: str, dtype: str, rank: int = 2) -> str:
@@ -76,9 +94,11 @@ def hbm_arrays(w, dtype: str) -> dict:
     """The kernel's HBM-resident per-layer stacks (w: engines.weights.Weights): vectors become [n, 1, X] rows."""
     out = {}
     for k in streamed_keys(w.config) + expert_keys(w.config):
-        a = w.arrays[k]
+        a = norm_weight(w.config, k, w.arrays[k])
         rank = a.ndim - 1  # per layer
-        if rank == 1:  # norms and biases: [n, 1, X] rows
+        if k in EXPERT_VECTORS:
+            a, rank = a[:, :, None, :], 1
+        elif rank == 1:  # norms and biases: [n, 1, X] rows
             a = a[:, None, :]
         out[k] = jnp.asarray(a, jnp.dtype(hbm_dtype(k, dtype, rank)))
     n = mlp_chunks(w.config, dtype)
@@ -94,6 +114,18 @@ def unchunked(a, key: str):
     """One layer's chunked MLP array back to its plain [D, F] (gate, up) or [F, D] (down) layout."""
     n, r, cols = a.shape
     return a.reshape(n * r, cols) if key == "down" else a.transpose(1, 0, 2).reshape(r, n * cols)
+
+
+def rope_arrays(c: Config, theta_factor: float = 1.0) -> dict:
+    """The kernel's RoPE tables: first_q/k [1, heads*hd] and freq_q/k [2, heads*hd] (the full layers'
+    frequencies, then the sliding ones'), from engines.megakernel.ops.rope_tables."""
+    out = {}
+    for part, heads in (("q", c.n_heads), ("k", c.n_kv_heads)):
+        rows = [ops.rope_tables(c.rope_style, c.head_dim, heads, ops.rope_freqs(c, kind, theta_factor)[0],
+                                c.rotary_dim)[:2] for kind in ("full", "sliding")]
+        out[f"first_{part}"] = jnp.asarray(rows[0][0])
+        out[f"freq_{part}"] = jnp.asarray(np.concatenate([rows[0][1], rows[1][1]]))
+    return out
 
 
 @dataclass(frozen=True)

@@ -92,8 +92,8 @@ def test_oracle_prompts_cross_every_window_and_the_yarn_context():
 
 
 def test_megakernel_refuses_what_it_does_not_implement():
-    w = load_hf(minis_dir() / "mini-gemma3", "mini-gemma3")
-    with pytest.raises(UnsupportedModel, match="does not implement .*sliding_window.* \\(model mini-gemma3\\)"):
+    w = load_hf(minis_dir() / "mini-qwen-hybrid", "mini-qwen-hybrid")
+    with pytest.raises(UnsupportedModel, match=r"does not implement layer_kinds \(gdn\).* \(model mini-qwen-hybrid\)"):
         MegakernelEngine(w)
 
 

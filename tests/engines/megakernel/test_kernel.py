@@ -8,7 +8,7 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from engines.megakernel import FAULTS, MegakernelEngine
-from engines.megakernel.engine import races_found
+from engines.megakernel.engine import BF16_RECIPE, races_found
 from engines.megakernel.faults import BY_NAME
 from engines.reference import ReferenceEngine
 
@@ -74,20 +74,31 @@ def test_teacher_forced_bf16(engines, name, batch, request):
 
 
 @pytest.mark.parametrize("dtype, bound", [("float32", F32_LOGIT_TOL), ("bfloat16", BF16_LOGIT_TOL)])
-def test_qwen2_biases_teacher_forced(dtype, bound):
-    """Qwen2's q/k/v biases (float32, before RoPE) in the kernel and its prefill: measured max |Δlogit| 5.7e-6 (f32)
-    and 0.085 (bf16) against the f32 reference over 4 rows (one crossing a 128-slot tile), under the same bounds."""
+@pytest.mark.parametrize("name", ["mini-qwen2", "mini-gemma2", "mini-gemma3", "mini-gptoss"])
+def test_family_layers_teacher_forced(name, dtype, bound):
+    """The wider families' layers in the kernel and its prefill, against the f32 reference over 4 rows (one crossing
+    a 128-slot tile), under the same bounds. Qwen2's q/k/v biases; Gemma 2's soft-caps, alternating 8-slot sliding
+    windows, 1 + w norms, post-norms, GeGLU, embedding and query scales; Gemma 3's QK norms and sliding layers with
+    their own RoPE base beside linear-scaled full layers; gpt-oss's sinks, biases, YaRN, sliding windows, biased
+    softmax router and clamped-GLU experts with biases. Measured max |Δlogit| in f32 (bf16 against the declared
+    recipe): mini-qwen2 5.7e-6 (0.085 against the f32 reference); the others in the printed line."""
     from evalsuite.models import load_model
 
-    m = load_model("mini-qwen2")
+    m = load_model(name)
     rng = np.random.default_rng(0)
     V = m.config.vocab_size
     prompts = [rng.integers(3, V - 1, size=n).tolist() for n in (11, 30, 7, 140)]
     conts = [rng.integers(3, V - 1, size=N_STEPS + 1).tolist() for _ in prompts]
-    ref = ReferenceEngine(m.weights).decode_forced(prompts, conts)
-    got = MegakernelEngine(m.weights, dtype).decode_forced(prompts, conts)
-    assert max(float(np.abs(a - b).max()) for a, b in zip(ref, got)) <= bound
-    assert all((a.argmax(-1) == b.argmax(-1)).all() for a, b in zip(ref, got))
+    # bf16 against the reference in the engine's declared recipe, as the judge runs it: against the f32 reference,
+    # mini-gptoss's near-tied routing flips (1 of 68 positions at 16.0, the recipe's own bf16-vs-f32 15.98) and its
+    # recipe error alone reaches 0.65 on logits of range 18
+    judge = ReferenceEngine(m.weights, dtype, recipe=BF16_RECIPE) if dtype == "bfloat16" else ReferenceEngine(m.weights)
+    ref = np.concatenate(judge.decode_forced(prompts, conts))
+    got = np.concatenate(MegakernelEngine(m.weights, dtype).decode_forced(prompts, conts))
+    delta = np.abs(ref - got).max(-1)  # per position
+    print(f"{name} {dtype} max|Δlogit| {delta.max():.3g}")
+    assert delta.max() <= bound
+    assert (ref.argmax(-1) == got.argmax(-1)).all()
 
 
 def test_bf16_kv_cache_matches_its_declared_recipe(mini_llama):
@@ -259,17 +270,25 @@ CROSSING = [126, 30]  # row 0 runs from position 126 to 142: windows of 128 and 
 
 
 BF16_ONLY = [f for f in FAULTS if BY_NAME[f].needs.startswith("bf16")]  # one extra rounding: a float32 no-op
+FAMILY_MINI = {"sliding": "mini-gemma2", "softcap": "mini-gemma2", "sinks": "mini-gptoss"}
+# Gemma 2's cap is 50: a masked slot capped to -50 weighs e^-50 (2e-22) of the largest score's, nothing in float32
+BENIGN = {"softcap_after_mask"}
 
 
 @pytest.mark.parametrize("fault", [f for f in FAULTS if f not in BF16_ONLY])
 def test_each_fault_changes_output(engines, mini_llama, mini_moe, fault):
-    """Dense faults on mini-llama, MoE ones on mini-moe (the cheaper kernel where it shows)."""
-    model = mini_moe if BY_NAME[fault].needs == "moe" or fault == "norm_eps" else mini_llama
+    """Dense faults on mini-llama, MoE ones on mini-moe (the cheaper kernel where it shows), a family's own on its
+    mini (FAMILY_MINI)."""
+    from evalsuite.models import load_model
+
+    needs = BY_NAME[fault].needs
+    model = load_model(FAMILY_MINI[needs]) if needs in FAMILY_MINI else \
+        mini_moe if needs == "moe" or fault == "norm_eps" else mini_llama
     rng = np.random.default_rng(5)
     long = BY_NAME[fault].needs == "tiles" or fault == "rope_theta"  # RoPE base errors grow with the position
     prompts = [rng.integers(3, 259, size=n).tolist() for n in (CROSSING if long else SHORT)]
     conts = [rng.integers(3, 259, size=N_STEPS + 1).tolist() for _ in prompts]
-    faithful = engines[model.name]["f32"]
+    faithful = engines[model.name]["f32"] if model.name in engines else MegakernelEngine(model.weights)
     good = faithful.decode_forced(prompts, conts)
     eng = MegakernelEngine(model.weights, fault=fault)
     bad = eng.decode_forced(prompts, conts)
@@ -281,6 +300,8 @@ def test_each_fault_changes_output(engines, mini_llama, mini_moe, fault):
     print(fault, [f"{d:.3g}" for d in deltas])
     if fault == "batch_variant":  # last bits only, and only with more than one row
         assert 0 < max(deltas) < F32_LOGIT_TOL
+    elif fault in BENIGN:
+        assert max(deltas) < F32_LOGIT_TOL
     else:
         assert SUBTLE.get(fault, FAULT_MIN_DELTA) < max(deltas) < np.abs(good[0]).max()
     if BY_NAME[fault].needs == "batch":  # the rows are what it breaks: row 0 alone is exactly the faithful one

@@ -18,7 +18,7 @@ from engines.megakernel import MegakernelEngine
 from engines.megakernel import budget as budget_mod
 from engines.megakernel.budget import budget, tiled_bytes
 from engines.megakernel.engine import MAX_BATCH
-from engines.megakernel.faults import ALL_FAULTS, BY_NAME, knobs
+from engines.megakernel.faults import ALL_FAULTS, BY_NAME, MODEL_NEEDS, knobs
 from engines.megakernel.tpu import Chip
 
 MOSAIC_DTYPES = {"f32": "float32", "bf16": "bfloat16", "i32": "int32"}
@@ -30,10 +30,13 @@ def windows(max_context: int) -> list[int]:
     return sorted({cache_slots(n, max_context) for n in range(1, max_context + 1, 32)})
 
 
-def kernel_faults(family: str) -> list[str]:
-    """The faults that change the kernel program itself (the others act on the host or the head)."""
+def kernel_faults(config, own_only: bool = False) -> list[str]:
+    """The faults that change the kernel program itself (the others act on the host or the head) and that the
+    model has the layers for; own_only: only those of its family's own layers (sliding windows, soft-caps, ...)."""
+    needs = lambda f: BY_NAME[f].needs  # noqa: E731
     return [f for f in ALL_FAULTS if knobs(f).only("kernel") != knobs(None).only("kernel")
-            and (family == "moe" or BY_NAME[f].needs != "moe")]
+            and (needs(f) not in MODEL_NEEDS or MODEL_NEEDS[needs(f)][1](config))
+            and (not own_only or needs(f) in MODEL_NEEDS and needs(f) != "moe")]
 
 
 def check_lowered(eng: MegakernelEngine, batch: int, window: int, want_taps: bool = False):
@@ -45,7 +48,8 @@ def check_lowered(eng: MegakernelEngine, batch: int, window: int, want_taps: boo
     assert k.vmem_limit_bytes == b.limit  # and passes its limit
     c = eng.config
     assert k.ops["tpu.dynamic_rotate"] > 0  # RoPE by lane rotation, its tables one row each (no permutation matrix)
-    assert [a[0] for a in k.args[3:7]] == [(1, c.n_heads * c.head_dim)] * 2 + [(1, c.n_kv_heads * c.head_dim)] * 2
+    # first and freq (full, sliding) rows of q, then of k
+    assert [a[0] for a in k.args[4:8]] == [(n, h * c.head_dim) for h in (c.n_heads, c.n_kv_heads) for n in (1, 2)]
     return spec, k
 
 
@@ -53,20 +57,24 @@ def check_lowered(eng: MegakernelEngine, batch: int, window: int, want_taps: boo
 def lowering_engines(request, mini_llama, mini_moe):
     from evalsuite.models import load_model
 
-    models = (mini_llama, mini_moe, load_model("mini-qwen2"))  # dense, MoE, and Qwen2's biases
+    # dense, MoE, Qwen2's biases, Gemma 2's soft-caps and windows, Gemma 3's two RoPEs, gpt-oss's sinks and experts
+    models = (mini_llama, mini_moe, *[load_model(n) for n in ("mini-qwen2", "mini-gemma2", "mini-gemma3",
+                                                              "mini-gptoss")])
     return [(m.weights, MegakernelEngine(m.weights, request.param)) for m in models]
 
 
 def test_each_configuration_axis_lowers_for_tpu(lowering_engines):
-    """Every value of every axis lowered: family (dense, MoE, Qwen2's biases), dtype, KV dtype, batch bucket, window
-    (the first, one of two tiles, the last), taps, and each kernel fault in the dtype where it acts (a bf16-only fault
-    is a float32 no-op). The full cross product is the heavy test below."""
+    """Every value of every axis lowered: family (dense, MoE, Qwen2, Gemma 2 and 3, gpt-oss), dtype, KV dtype, batch
+    bucket, window (the first, one of two tiles, the last), taps, and each kernel fault in the dtype where it acts (a
+    bf16-only fault is a float32 no-op; a family mini takes its own faults). The full cross product is the heavy
+    test below."""
     for weights, eng in lowering_engines:
         ws = windows(eng.config.max_context)
         for b, w in zip(BATCHES, (ws[0], ws[1], ws[-1], ws[0])):
             check_lowered(eng, b, w, want_taps=b == 1)
-        for f in kernel_faults(eng.config.family):
-            if BY_NAME[f].needs.startswith("bf16") == (eng.dtype == "bfloat16") and eng.config.name != "mini-qwen2":
+        own = eng.config.name not in ("mini-llama", "mini-moe")
+        for f in kernel_faults(eng.config, own_only=own):
+            if BY_NAME[f].needs.startswith("bf16") == (eng.dtype == "bfloat16") or own:
                 check_lowered(MegakernelEngine(weights, eng.dtype, fault=f), 2, 2 * MIN_WINDOW)
         if eng.dtype == "bfloat16":  # the bf16 KV cache: its tiles and staging in bf16, counted so by the budget
             check_lowered(MegakernelEngine(weights, eng.dtype, kv_cache="bfloat16"), 4, 3 * MIN_WINDOW)
@@ -78,7 +86,7 @@ def test_every_configuration_lowers_for_tpu(lowering_engines):
     for weights, eng in lowering_engines:
         for b, w in itertools.product(BATCHES, windows(eng.config.max_context)):
             check_lowered(eng, b, w)
-        for f, b in itertools.product(kernel_faults(eng.config.family), BATCHES):
+        for f, b in itertools.product(kernel_faults(eng.config), BATCHES):
             check_lowered(MegakernelEngine(weights, eng.dtype, fault=f), b, 2 * MIN_WINDOW)
 
 
