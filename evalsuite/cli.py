@@ -177,7 +177,10 @@ def golden_update(models_) -> None:
     """Write golden files from the float32 reference."""
     from evalsuite import golden as g
 
-    for m in models_ or tuple(g.DEFAULTS):
+    models, skipped = (list(models_), {}) if models_ else g.default_models()
+    for m, why in skipped.items():
+        _progress(f"golden: skipped {m}: {why}")
+    for m in models:
         _progress(f"golden: updating {m}")
         click.echo(f"wrote {g.update(m)}")
 
@@ -196,8 +199,9 @@ def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model,
     from evalsuite.verdict import combine
 
     server = dict(_server(base_url, served_model, api_key_env, api_timeout))
-    results, skipped = {}, {}
-    for m in models_ or tuple(g.DEFAULTS):
+    results = {}
+    models, skipped = (list(models_), {}) if models_ else g.default_models()
+    for m in models:
         _progress(f"golden: checking {engine} on {m}")
         try:
             results[m] = g.check(m, engine, dtype, fault, extra=server).to_json()

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from engines.base import Forced
+from engines.errors import ModelError
 from evalsuite import distributed
 from evalsuite.compare import coverage, rule
 from evalsuite.compare.routing import routing_margins, routing_ties
@@ -34,10 +35,27 @@ DEFAULTS = {"smollm2-135m": ("builtin", 32), "mini-llama": ("quick", 24), "mini-
             "mini-qwen2": ("quick", 24), "mini-gemma2": ("quick", 24), "mini-gemma3": ("quick", 24),
             "mini-gptoss": ("quick", 24), "mini-qwen-hybrid": ("quick", 24),
             "mini-kimi-linear": ("quick", 24), "mini-deepseek-mla": ("quick", 24),
-            "mini-kimi": ("quick", 24), "mini-muse": ("quick", 24), "mini-qwen-next-moe": ("quick", 24)}
+            "mini-kimi": ("quick", 24), "mini-muse": ("quick", 24), "mini-qwen-next-moe": ("quick", 24),
+            "gemma3-270m": ("quick", 24)}
 # |Δ logprob| of the golden top-k ids beyond LOGPROB_TOL (evalsuite/compare/rule.py, from noise
 # floors measured on the reference) is a mismatch even when the argmax agrees, in every dtype.
 REGENERATE = "regenerate with: evalsuite golden update --model {model}  (or pytest --golden-update)"
+
+
+def default_models() -> tuple[list[str], dict[str, str]]:
+    """The models a bare `golden check` / `golden update` takes: every one with golden settings but the real models
+    not installed here (install.sh --models), which come back as {name: why} to report as skipped."""
+    from evalsuite.real_models import REAL_MODELS, real_model_path
+
+    models, skipped = [], {}
+    for m in DEFAULTS:
+        try:
+            if m in REAL_MODELS:
+                real_model_path(m)
+            models.append(m)
+        except ModelError as e:
+            skipped[m] = str(e)
+    return models, skipped
 
 
 def golden_dir() -> Path:
