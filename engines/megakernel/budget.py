@@ -138,10 +138,12 @@ def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
     for k in dense_keys(c):
         D, F = (shapes[k][2], shapes[k][1]) if k == "down" else (shapes[k][1], shapes[k][2])
         out.append(Item("mlp chunks", k, (F // n, D) if k == "down" else (D, F // n), dtype, 2))
-    for k in expert_keys(c):
+    for k in expert_keys(c, spec.experts):
         vector = k in EXPERT_VECTORS
-        out.append(Item("experts", k, (1, *shapes[k][2:]) if vector else shapes[k][2:],
-                        hbm_dtype(k, dtype, 1 if vector else 2), 2))
+        shape = (1, *shapes[k][2:]) if vector else shapes[k.removesuffix("_q").removesuffix("_s")][2:]
+        if k.endswith(("_q", "_s")):  # MXFP4: codes two a byte, a scale byte per 32 rows
+            shape = (shape[0] // (2 if k.endswith("_q") else 32), shape[1])
+        out.append(Item("experts", k, shape, hbm_dtype(k, dtype, 1 if vector else 2), 2))
     if expert_keys(c):
         out.append(Item("activations", "chosen expert ids", (1, max(LANES, expert_slots(spec))), "int32"))
     out += [Item("kv tiles", "K and V tiles", (B, K, TS, hd), spec.kv_dtype, 2 * spec.kv_buffers),

@@ -12,7 +12,6 @@ import numpy as np
 
 from engines import compile_cache
 from engines.base import (
-    DTYPES,
     Capabilities,
     Engine,
     EngineOptions,
@@ -39,17 +38,17 @@ from engines.loop import (
 )
 from engines.megakernel import ops
 from engines.megakernel.budget import budget
-from engines.megakernel.faults import ALL_FAULTS, BY_NAME, FAULTS, MODEL_NEEDS, Knobs, knobs, rows, stale_feedback
+from engines.megakernel.checks import check_options
+from engines.megakernel.faults import ALL_FAULTS, BY_NAME, FAULTS, Knobs, knobs, rows, stale_feedback
 from engines.megakernel.kernel import KernelSpec, decode_layers, hbm_arrays
 from engines.megakernel.prefill import prefill_hidden
-from engines.megakernel.spec import SUPPORTED_FEATURES, norm_weight, rope_arrays
-from engines.megakernel.tpu import CHIPS, DEFAULT_CHIP, lower, races_found, tpu_interpret_params
+from engines.megakernel.spec import norm_weight, rope_arrays
+from engines.megakernel.tpu import DEFAULT_CHIP, lower, races_found, tpu_interpret_params
 from engines.weights import Weights
 
 F32 = jnp.float32
 MAX_BATCH = 8  # the kernel's rows per call (each row at its own position)
 ATTN_TILE = 128  # cache positions per online-softmax step (or all slots when fewer)
-INTERPRET_MODES = ("generic", "tpu", "mosaic")  # mosaic: compiled by Mosaic, on a TPU only
 # bfloat16 mode as declared to the judge: bf16 matrices and matmul inputs, f32 accumulation, and the router, the
 # residual stream and the KV cache in float32 (the norms and the router bias are float32 in every recipe)
 BF16_RECIPE = Recipe(f32_weights=("router",))
@@ -64,9 +63,9 @@ MAX_SPECS = 6
 
 
 @lru_cache(maxsize=MAX_SPECS)
-def _programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype) -> _Programs:
+def _programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts) -> _Programs:
     """One _Programs per static spec, shared by every engine built with it (weights are arguments)."""
-    return _Programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype)
+    return _Programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts)
 
 
 class _Programs:
@@ -74,9 +73,9 @@ class _Programs:
     every engine with the same spec shares them and a new engine does not trace the kernel again (smollm2:
     a tiny generate + forced + score on a second engine took 6.8 s, most of it tracing)."""
 
-    def __init__(self, c, kn: Knobs, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype):
+    def __init__(self, c, kn: Knobs, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts):
         self.config, self.knobs, self.fault_layer, self.n_buffers, self.chip = c, kn, fault_layer, n_buffers, chip
-        self.kv_dtype = kv_dtype
+        self.kv_dtype, self.experts = kv_dtype, experts
         self.interpret = {"generic": True, "tpu": tpu_interpret_params(), "mosaic": False}[interpret]
         self.batch_invariant = batch_invariant
         self.final_eps = c.rms_eps if kn.final_norm_eps is None else kn.final_norm_eps  # the decode step's
@@ -137,7 +136,8 @@ class _Programs:
         # invariant: one tiling for every window (generate's windows are all multiples of MIN_WINDOW)
         tile = min(MIN_WINDOW if self.batch_invariant else ATTN_TILE, window)
         spec = KernelSpec(self.config, batch, slots, tile, window, self.knobs.only("kernel"),
-                          self.fault_layer, self.n_buffers, want_taps, self.interpret, kv_dtype=self.kv_dtype)
+                          self.fault_layer, self.n_buffers, want_taps, self.interpret, kv_dtype=self.kv_dtype,
+                          experts=self.experts)
         return replace(spec, vmem_limit=budget(spec, dtype, self.chip).limit)
 
     def _decode_impl(self, w, ids, pos, kc, vc, want_taps=False, window=None):
@@ -159,7 +159,7 @@ class MegakernelEngine(Engine):
     max_batch = MAX_BATCH
     streams_results = True  # continuous batching (engines.stream.greedy_stream)
     faults = ALL_FAULTS
-    options = ("batch_invariant", "chip", "interpret", "kv_cache")
+    options = ("batch_invariant", "chip", "experts", "interpret", "kv_cache")
     paths = ("prefill_split", "refill", "refill_group", "shrink", "finish_mid_batch", "stop", "shared_prefix",
              "shared_prefix_unaligned", "multi_tile", "teacher_forced")
 
@@ -173,46 +173,30 @@ class MegakernelEngine(Engine):
                    batch_invariant=flag_option(options.extra, "batch_invariant"),
                    kv_cache=str(options.extra.get("kv_cache") or "float32"),
                    chip=str(options.extra.get("chip") or DEFAULT_CHIP),
-                   interpret=str(options.extra.get("interpret") or "generic"))
+                   interpret=str(options.extra.get("interpret") or "generic"),
+                   experts=str(options.extra["experts"]) if options.extra.get("experts") else None)
 
     def __init__(self, weights: Weights, dtype: str = "float32", fault: str | None = None,
                  interpret: str = "generic", fault_layer: int | None = None, n_buffers: int = 2,
-                 batch_invariant: bool = False, chip: str = DEFAULT_CHIP, kv_cache: str = "float32"):
+                 batch_invariant: bool = False, chip: str = DEFAULT_CHIP, kv_cache: str = "float32",
+                 experts: str | None = None):
         """batch_invariant: every generate() call has one shape whatever the batch (8 rows always, each
         prompt prefilled alone, a fixed attention tile, no shared prefix), so a prompt's tokens and logprobs
         are bitwise the same alone or batched (what vLLM's VLLM_BATCH_INVARIANT=1 promises); slower.
         chip: the TPU generation whose VMEM the kernel is built to (engines.megakernel.budget): a model whose largest
         decode step cannot fit it is refused, and every step passes its budget to Mosaic as the VMEM limit.
         kv_cache: the KV cache's storage in bfloat16 mode (declared in the recipe, so the judge rounds K/V the same
-        way); a float32 engine, the float32 build of a bf16 run included, keeps float32."""
-        if dtype not in DTYPES:
-            raise ModelError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
-        if fault is not None and fault not in ALL_FAULTS:
-            raise ModelError(f"unknown fault {fault!r}; expected one of {', '.join(ALL_FAULTS)}")
-        if fault is not None and BY_NAME[fault].needs in MODEL_NEEDS and not MODEL_NEEDS[BY_NAME[fault].needs][1](
-                weights.config):
-            raise ModelError(f"fault {fault} needs {MODEL_NEEDS[BY_NAME[fault].needs][0]}; {weights.config.name} "
-                             f"has none")
-        if interpret not in INTERPRET_MODES:
-            raise ModelError(f"--engine-option interpret={interpret!r}: expected one of {', '.join(INTERPRET_MODES)}")
-        if interpret == "mosaic" and jax.default_backend() != "tpu":
-            raise ModelError(f"--engine-option interpret=mosaic compiles the kernel with Mosaic, which needs a TPU; "
-                             f"jax here runs on {jax.default_backend()} (docs/tpu.md)")
-        missing = [f for f in weights.config.features() if f not in SUPPORTED_FEATURES]
-        if missing:  # the kernel implements the Llama/Qwen3/Qwen2 and DeepSeek-style MoE layers
-            raise UnsupportedModel(f"the megakernel does not implement {', '.join(missing)} "
-                                   f"(model {weights.config.name}); use --engine reference, or another engine")
-        if kv_cache not in DTYPES:
-            raise ModelError(f"--engine-option kv_cache={kv_cache!r}: expected one of {', '.join(DTYPES)}")
+        way); a float32 engine, the float32 build of a bf16 run included, keeps float32.
+        experts: "mxfp4" keeps the routed experts in MXFP4 in HBM, dequantised in VMEM (engines.megakernel.mxfp4);
+        None: "dense", or "mxfp4" under a fault of MXFP4's own (the fault brings the format it breaks)."""
+        experts = experts or ("mxfp4" if fault in ALL_FAULTS and BY_NAME[fault].needs == "mxfp4" else "dense")
+        check_options(weights.config, dtype, fault, interpret, kv_cache, experts, chip)
         kv_cache = kv_cache if dtype == "bfloat16" else "float32"  # part of the bf16 recipe; float32 is float32
-        if chip not in CHIPS:
-            raise ModelError(f"--engine-option chip={chip!r}: expected one of {', '.join(CHIPS)}")
         c = self.config = weights.config
         self.name = "megakernel"
-        self.chip = chip
-        self.kv_cache = kv_cache
+        self.chip, self.kv_cache, self.experts = chip, kv_cache, experts
         largest = KernelSpec(c, MAX_BATCH, ATTN_TILE, MIN_WINDOW if batch_invariant else ATTN_TILE, want_taps=True,
-                             kv_dtype=kv_cache)
+                             kv_dtype=kv_cache, experts=experts)
         refused = budget(largest, dtype, chip).refusal(f"the megakernel's decode step for {c.name} in {dtype}")
         if refused:
             raise UnsupportedModel(refused)
@@ -223,7 +207,10 @@ class MegakernelEngine(Engine):
         self.fault_layer = c.n_layers // 2 if fault_layer is None else fault_layer
         self.n_buffers = n_buffers
         self.batch_invariant = batch_invariant
-        self.hbm = hbm_arrays(weights, dtype)
+        try:
+            self.hbm = hbm_arrays(weights, dtype, experts)
+        except ValueError as e:  # experts=mxfp4 on weights MXFP4 cannot hold
+            raise ModelError(f"--engine-option experts=mxfp4: {e}") from None
         self.embed = jnp.asarray(weights.arrays["embed"], jnp.dtype(dtype))
         head = weights.arrays["embed"] if c.tie_embeddings else weights.arrays["lm_head"]
         self.head_t = jnp.asarray(np.ascontiguousarray(head.T), jnp.dtype(dtype))  # [D, V]
@@ -238,7 +225,7 @@ class MegakernelEngine(Engine):
                   "final_norm": self.final_norm, "rope": self.rope, "rope_decode": self.rope_decode}
         # the host-side faults leave every jitted program as the faithful engine's, and share it
         programs = _programs(c, kn.only("kernel", "head"), self.fault_layer, n_buffers, interpret, batch_invariant,
-                             chip, kv_cache)
+                             chip, kv_cache, experts)
         self.interpret = programs.interpret  # one InterpretParams per spec, as the programs use it
         self._programs = programs
         j = programs.jitted  # the jitted steps, by name (shared per spec)
@@ -281,6 +268,7 @@ class MegakernelEngine(Engine):
             "n_buffers": self.n_buffers, "interpret": str(self.interpret), "attn_tile": ATTN_TILE,
             "max_batch": MAX_BATCH, "share_prefix": self.share_prefix,
             "batch_invariant": self.batch_invariant, "chip": self.chip, "kv_cache": self.kv_cache,
+            "experts": self.experts,
             "weights": self.weights_sha256})
 
     def _check(self, prompts, max_new):

@@ -54,6 +54,7 @@ class Knobs:
     window_offset: int = _knob(0, "kernel")  # a sliding layer's window is this many slots wider
     softcap_after_mask: bool = _knob(False, "kernel")  # the scores' soft-cap applied after the causal mask
     sink_dropped: bool = _knob(False, "kernel")  # the attention sinks left out of the softmax denominator
+    mxfp4_nibbles_swapped: bool = _knob(False, "kernel")  # MXFP4 codes unpacked high nibble first
     topk_renormalized: bool = _knob(False, "head")  # top-k logprobs renormalised over the k ids
     topk_ranks_swapped: bool = _knob(False, "head")  # ranks 2 and 3 carry each other's ids
     stale_feedback: bool = _knob(False, "loop")  # each decode step fed the token of one step earlier
@@ -172,6 +173,10 @@ CATALOGUE = tuple(Fault(*f) for f in (
      "softmax's denominator", "softcap"),
     ("sink_dropped", Knobs(sink_dropped=True), "the attention sinks' logits are left out of the softmax denominator",
      "gpt-oss's per-head sink dropped by a kernel ported from a model without sinks", "sinks"),
+    ("mxfp4_nibbles", Knobs(mxfp4_nibbles_swapped=True),
+     "the MXFP4 experts' codes are unpacked high nibble first (each byte's two rows trade places)",
+     "a nibble order swapped between the packer and the kernel's unpacking (MXFP4 holds two codes a byte)",
+     "mxfp4"),
     ("topk_renormalized", Knobs(topk_renormalized=True), "the reported top-k logprobs are renormalised over the k ids",
      "a server that returns top-k log-softmax over the top-k instead of the vocabulary (generate() only)"),
     ("topk_ids_swapped", Knobs(topk_ranks_swapped=True), "ranks 2 and 3 of the reported top-k carry each other's ids",
@@ -194,11 +199,14 @@ def knobs(fault: str | None) -> Knobs:
 MODEL_NEEDS = {"moe": ("a MoE model", lambda c: c.family == "moe"),
                "sliding": ("sliding-window layers (Gemma 2/3, gpt-oss)", lambda c: "sliding" in c.layer_kinds),
                "softcap": ("an attention soft-cap (Gemma 2)", lambda c: bool(c.attn_softcap)),
-               "sinks": ("attention sinks (gpt-oss)", lambda c: c.attn_sinks)}
+               "sinks": ("attention sinks (gpt-oss)", lambda c: c.attn_sinks),
+               # the fault brings MXFP4 experts (engines.megakernel.mxfp4), which need weights MXFP4 holds exactly
+               "mxfp4": ("MXFP4 experts (gpt-oss)", lambda c: c.expert_act == "gptoss")}
 SHOWS_WITH = {"": "any prompt", "moe": "MoE models",
               "sliding": "models with sliding-window layers, contexts past the window",
               "softcap": "models with an attention soft-cap (Gemma 2)",
               "sinks": "models with attention sinks (gpt-oss)",
+              "mxfp4": "MXFP4 experts (gpt-oss; the fault builds the engine with --engine-option experts=mxfp4)",
               "batch": "batch > 1, rows at different positions",
               "tiles": "contexts past 128 tokens",
               "refill": "more prompts than rows, finishing at different steps (refills of two or more rows)",

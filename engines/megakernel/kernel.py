@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from engines.megakernel import ops
+from engines.megakernel import mxfp4, ops
 from engines.megakernel.faults import NORM_EPS_FAULT
 from engines.megakernel.spec import (  # noqa: F401 (KernelSpec and hbm_arrays are this module's API too)
     KernelSpec,
@@ -56,7 +56,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     S = spec.window or spec.slots  # the cache positions read per layer (streamed through VMEM tile by tile)
     Ld, Lm = c.n_dense_layers, c.n_moe_layers
     ak, dk, mk = attn_keys(c), dense_keys(c), moe_keys(c)
-    streamed, ek = streamed_keys(c), expert_keys(c)
+    streamed, ek = streamed_keys(c), expert_keys(c, spec.experts)
     n_slots = expert_slots(spec) if Lm else 0
     n_chunks = hbm["gate"].shape[1] if dk else 0
     assert S % TS == 0 and S <= spec.slots and 1 <= nb <= 2 and 1 <= spec.kv_buffers <= 2
@@ -331,8 +331,9 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                     guarded(j + 1, True)
                 e = eids[0, j]
                 g = jnp.sum(jnp.where(iota == e, gates, 0.0), axis=-1, keepdims=True)  # [B, 1]: gates[:, e]
-                out = ops.expert(h, {k: r[...] for k, r in ebuf[j % 2].items()}, c.expert_act, c.swiglu_alpha,
-                                 c.swiglu_limit)
+                e_ = mxfp4.dense_expert({k: r[...] for k, r in ebuf[j % 2].items()}, b_["wq"].dtype,
+                                        kn.mxfp4_nibbles_swapped)  # MXFP4 experts dequantised here, in VMEM
+                out = ops.expert(h, e_, c.expert_act, c.swiglu_alpha, c.swiglu_limit)
                 y = jnp.where(e < E, y + g * out, y)  # an unused slot's buffer is never read into y
             return y + shared if shared is not None else y
 

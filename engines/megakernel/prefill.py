@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from engines.config import Config
-from engines.megakernel import ops
+from engines.megakernel import mxfp4, ops
 from engines.megakernel.spec import expert_keys, unchunked
 
 F32 = jnp.float32
@@ -44,6 +44,7 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     causal = qpos >= kpos  # [Tq, P + Tk]: every prefix key, own causally
     local = causal & (kpos > qpos - c.sliding_window)  # a sliding layer's window
     gelu = c.mlp_act == "gelu_tanh"
+    experts = "mxfp4" if "e_gate_q" in hbm else "dense"  # the routed experts' storage (engines.megakernel.mxfp4)
     post = (lambda y, key, l: ops.rmsnorm(y, hbm[key][l], c.rms_eps)) if c.post_norms else (lambda y, key, l: y)
     taps = []
     for l in range(L):
@@ -89,8 +90,8 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
                                      norm_topk=c.norm_topk, scale=c.routed_scale)
             y = jnp.zeros_like(x)
             for e in range(c.n_experts):
-                y = y + gates[:, e:e + 1] * ops.expert(h, {k: hbm[k][m, e] for k in expert_keys(c)}, c.expert_act,
-                                                       c.swiglu_alpha, c.swiglu_limit)
+                ex = mxfp4.dense_expert({k: hbm[k][m, e] for k in expert_keys(c, experts)}, hbm["wq"].dtype)
+                y = y + gates[:, e:e + 1] * ops.expert(h, ex, c.expert_act, c.swiglu_alpha, c.swiglu_limit)
             if c.n_shared_experts:
                 y = y + ops.swiglu(h, hbm["s_gate"][m], hbm["s_up"][m], hbm["s_down"][m])
             x = x + post(y, "post_mlp_norm", l)

@@ -47,11 +47,18 @@ def moe_keys(c: Config) -> tuple[str, ...]:
     return ("router", "router_bias") + shared
 
 
-def expert_keys(c: Config) -> tuple[str, ...]:
-    """A routed expert's arrays, copied together when it is chosen (gpt-oss's with their biases)."""
+EXPERT_FORMATS = ("dense", "mxfp4")  # the routed experts in HBM: the mode's dtype, or MXFP4 (engines.megakernel.mxfp4)
+
+
+def expert_keys(c: Config, experts: str = "dense") -> tuple[str, ...]:
+    """A routed expert's arrays, copied together when it is chosen (gpt-oss's with their biases); in MXFP4 each
+    matrix is KEY_q (codes) and KEY_s (scales)."""
     if not c.n_moe_layers:
         return ()
-    return ("e_gate", "e_up", "e_down") + (("e_gate_b", "e_up_b", "e_down_b") if c.expert_bias else ())
+    mats = ("e_gate", "e_up", "e_down")
+    if experts == "mxfp4":
+        mats = tuple(f"{k}_{part}" for k in mats for part in ("q", "s"))
+    return mats + (("e_gate_b", "e_up_b", "e_down_b") if c.expert_bias else ())
 
 
 def streamed_keys(c: Config) -> tuple[str, ...]:
@@ -86,14 +93,24 @@ EXPERT_VECTORS = ("e_gate_b", "e_up_b", "e_down_b")  # an expert's biases: vecto
 
 def hbm_dtype(key: str, dtype: str, rank: int = 2) -> str:
     """A streamed array's dtype in the mode `dtype` (bf16 mode: bf16 matrices; vectors, i.e. norms and biases of
-    per-layer rank 1, and the router float32)."""
+    per-layer rank 1, and the router float32; MXFP4 codes and scales bytes)."""
+    if key.endswith(("_q", "_s")):
+        return "uint8"
     return "float32" if key in KEEP_F32 or rank == 1 else dtype
 
 
-def hbm_arrays(w, dtype: str) -> dict:
-    """The kernel's HBM-resident per-layer stacks (w: engines.weights.Weights): vectors become [n, 1, X] rows."""
+def hbm_arrays(w, dtype: str, experts: str = "dense") -> dict:
+    """The kernel's HBM-resident per-layer stacks (w: engines.weights.Weights): vectors become [n, 1, X] rows; experts
+    "mxfp4": the routed experts' matrices encoded (a ValueError when MXFP4 cannot hold them exactly)."""
+    from engines.megakernel import mxfp4
+
     out = {}
-    for k in streamed_keys(w.config) + expert_keys(w.config):
+    for k in expert_keys(w.config, experts):
+        if k.endswith("_q"):
+            out[k], out[k[:-2] + "_s"] = (jnp.asarray(a) for a in mxfp4.encode(w.arrays[k[:-2]], k[:-2]))
+    for k in streamed_keys(w.config) + expert_keys(w.config, experts):
+        if k in out:
+            continue
         a = norm_weight(w.config, k, w.arrays[k])
         rank = a.ndim - 1  # per layer
         if k in EXPERT_VECTORS:
@@ -145,3 +162,4 @@ class KernelSpec:
     kv_buffers: int = 2  # KV tile buffers; 1 (the next tile copied over the one being read) is the same control
     vmem_limit: int | None = None  # bytes, passed to Mosaic (engines.megakernel.budget); None: Mosaic's default
     kv_dtype: str = "float32"  # the KV cache's storage (bfloat16: half the bytes a step reads)
+    experts: str = "dense"  # the routed experts' storage in HBM (EXPERT_FORMATS)

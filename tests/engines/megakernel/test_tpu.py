@@ -21,7 +21,7 @@ from engines.megakernel.engine import MAX_BATCH
 from engines.megakernel.faults import ALL_FAULTS, BY_NAME, MODEL_NEEDS, knobs
 from engines.megakernel.tpu import Chip
 
-MOSAIC_DTYPES = {"f32": "float32", "bf16": "bfloat16", "i32": "int32"}
+MOSAIC_DTYPES = {"f32": "float32", "bf16": "bfloat16", "i32": "int32", "i8": "uint8"}
 BATCHES = (1, 2, 4, 8)  # the kernel's row buckets (engines.loop pads rows to a power of two, at most MAX_BATCH)
 
 
@@ -76,6 +76,8 @@ def test_each_configuration_axis_lowers_for_tpu(lowering_engines):
         for f in kernel_faults(eng.config, own_only=own):
             if BY_NAME[f].needs.startswith("bf16") == (eng.dtype == "bfloat16") or own:
                 check_lowered(MegakernelEngine(weights, eng.dtype, fault=f), 2, 2 * MIN_WINDOW)
+        if eng.config.expert_act == "gptoss":  # MXFP4 experts: codes and scales in uint8 VMEM buffers, counted so
+            check_lowered(MegakernelEngine(weights, eng.dtype, experts="mxfp4"), 4, 3 * MIN_WINDOW)
         if eng.dtype == "bfloat16":  # the bf16 KV cache: its tiles and staging in bf16, counted so by the budget
             check_lowered(MegakernelEngine(weights, eng.dtype, kv_cache="bfloat16"), 4, 3 * MIN_WINDOW)
 

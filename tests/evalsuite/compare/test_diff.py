@@ -80,7 +80,7 @@ IN_CI = {("bfloat16", "bf16_residual"), ("bfloat16", "final_norm_eps"), ("bfloat
          ("float32", "window_off_by_one")}
 # a family fault's mini (engines.megakernel.faults.MODEL_NEEDS); softcap_after_mask is benign at Gemma 2's cap of 50
 # (a masked slot weighs e^-50: test_kernel measures it under the float32 bound), so its diff must not FAIL
-FAMILY_MINI = {"sliding": "mini-gemma2", "softcap": "mini-gemma2", "sinks": "mini-gptoss"}
+FAMILY_MINI = {"sliding": "mini-gemma2", "softcap": "mini-gemma2", "sinks": "mini-gptoss", "mxfp4": "mini-gptoss"}
 BENIGN = {"softcap_after_mask"}
 BF16_ONLY = {f for f in FAULTS if BY_NAME[f].needs.startswith("bf16")}  # a no-op in float32 (test_kernel)
 # the ones that round at every position: the recipe check's majority of prompts sees them (pos_weights_dtype shows

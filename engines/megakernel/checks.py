@@ -1,0 +1,44 @@
+"""The megakernel's refusals, before anything is built: each a one-line error naming the bad value or the missing
+layer, and what to use instead."""
+
+from __future__ import annotations
+
+import jax
+
+from engines.base import DTYPES
+from engines.config import Config
+from engines.errors import ModelError, UnsupportedModel
+from engines.megakernel.faults import ALL_FAULTS, BY_NAME, MODEL_NEEDS
+from engines.megakernel.spec import EXPERT_FORMATS, SUPPORTED_FEATURES
+from engines.megakernel.tpu import CHIPS
+
+INTERPRET_MODES = ("generic", "tpu", "mosaic")  # mosaic: compiled by Mosaic, on a TPU only
+
+
+def check_options(c: Config, dtype: str, fault: str | None, interpret: str, kv_cache: str, experts: str,
+                  chip: str) -> None:
+    """A ModelError for a bad setting, UnsupportedModel for layers the kernel does not implement."""
+    if dtype not in DTYPES:
+        raise ModelError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    if fault is not None and fault not in ALL_FAULTS:
+        raise ModelError(f"unknown fault {fault!r}; expected one of {', '.join(ALL_FAULTS)}")
+    needs = BY_NAME[fault].needs if fault is not None else ""
+    if needs in MODEL_NEEDS and not MODEL_NEEDS[needs][1](c):
+        raise ModelError(f"fault {fault} needs {MODEL_NEEDS[needs][0]}; {c.name} has none")
+    if interpret not in INTERPRET_MODES:
+        raise ModelError(f"--engine-option interpret={interpret!r}: expected one of {', '.join(INTERPRET_MODES)}")
+    if interpret == "mosaic" and jax.default_backend() != "tpu":
+        raise ModelError(f"--engine-option interpret=mosaic compiles the kernel with Mosaic, which needs a TPU; "
+                         f"jax here runs on {jax.default_backend()} (docs/tpu.md)")
+    missing = [f for f in c.features() if f not in SUPPORTED_FEATURES]
+    if missing:  # the kernel implements the Llama/Qwen3/Qwen2, Gemma 2/3, gpt-oss and DeepSeek-style MoE layers
+        raise UnsupportedModel(f"the megakernel does not implement {', '.join(missing)} "
+                               f"(model {c.name}); use --engine reference, or another engine")
+    if kv_cache not in DTYPES:
+        raise ModelError(f"--engine-option kv_cache={kv_cache!r}: expected one of {', '.join(DTYPES)}")
+    if experts not in EXPERT_FORMATS:
+        raise ModelError(f"--engine-option experts={experts!r}: expected one of {', '.join(EXPERT_FORMATS)}")
+    if needs == "mxfp4" and experts != "mxfp4":
+        raise ModelError(f"fault {fault} needs MXFP4 experts: --engine-option experts=mxfp4")
+    if chip not in CHIPS:
+        raise ModelError(f"--engine-option chip={chip!r}: expected one of {', '.join(CHIPS)}")
