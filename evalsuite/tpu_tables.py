@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evalsuite.doctables import RESULTS, _absent, _load, _sci, _source, _table
+from evalsuite.doctables import RESULTS, _absent, _acc, _load, _sci, _source, _table
 
 ROOFLINE = "benchmarks/results/roofline.json"
 MIB = 1 << 20
@@ -68,3 +68,27 @@ def megakernel_diffs(root: Path) -> str:
                                                                      "--json`, defaults otherwise)")
             + _table(["model", "dtype", "prompts", "verdict", "positions", "real mismatches", "identical",
                       "max abs. logit diff.", "batching part", "seconds"], rows))
+
+
+RUNS = "megakernel-run-*.json"  # `evalsuite run TASK --engine megakernel --model M --json > FILE` on real models
+
+
+def megakernel_runs(root: Path) -> str:
+    """Paired benchmark runs of the megakernel against the reference on the real models: accuracies, the discordant
+    pairs, the largest loss the verdict excludes, and the verdict."""
+    files = sorted((root / RESULTS).glob(RUNS))
+    if not files:
+        return _absent(f"{RESULTS}/{RUNS}")
+    rows = []
+    for f in files:
+        d = _load(root, f"{RESULTS}/{f.name}")
+        eng, p = d.get("engines") or {}, d.get("paired") or {}
+        judged = next((e for name, e in eng.items() if name != "reference"), {})
+        rows.append([d["model"], f"{d['task']} ({d['variant']})", f"{d['items']:,}", _acc(eng.get("reference") or {}),
+                     _acc(judged), str(p.get("b")),
+                     str(p.get("c")), f"{p.get('loss_upper', float('nan')):.4f}", f"**{d['verdict']}**",
+                     f"{d['seconds']:,.0f}"])
+    return (_source(*[f"{RESULTS}/{f.name}" for f in files], how=" (`evalsuite run TASK --engine megakernel --model M "
+                                                                 "--data-dir ../shared/data/TASK --limit N --json`)")
+            + _table(["model", "task", "items", "reference [95% Wilson]", "megakernel [95% Wilson]", "b (lost)",
+                      "c (gained)", "loss at 97.5% at most", "verdict", "seconds"], rows))
