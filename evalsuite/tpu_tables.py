@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from evalsuite.doctables import RESULTS, _absent, _acc, _load, _sci, _source, _table
+from evalsuite.roles import JUDGE
 
 ROOFLINE = "benchmarks/results/roofline.json"
 MIB = 1 << 20
@@ -83,8 +84,8 @@ def megakernel_runs(root: Path) -> str:
     for f in files:
         d = _load(root, f"{RESULTS}/{f.name}")
         eng, p = d.get("engines") or {}, d.get("paired") or {}
-        judged = next((e for name, e in eng.items() if name != "reference"), {})
-        rows.append([d["model"], f"{d['task']} ({d['variant']})", f"{d['items']:,}", _acc(eng.get("reference") or {}),
+        judged = next((e for name, e in eng.items() if name != JUDGE), {})
+        rows.append([d["model"], f"{d['task']} ({d['variant']})", f"{d['items']:,}", _acc(eng.get(JUDGE) or {}),
                      _acc(judged), str(p.get("b")),
                      str(p.get("c")), f"{p.get('loss_upper', float('nan')):.4f}", f"**{d['verdict']}**",
                      f"{d['seconds']:,.0f}"])

@@ -17,6 +17,21 @@ from engines.megakernel.spec import expert_keys, unchunked
 F32 = jnp.float32
 
 
+def _attend(c: Config, q, k, v, visible, scale: float, sink):
+    """Softmax attention of q [B, T, H, hd] over k, v [B, S, K, hd] where visible [T, S]; scores scaled, then
+    soft-capped (Gemma 2) before the mask; sink [1, H, 1, 1]: gpt-oss's per-head logit in the denominator only."""
+    G = c.n_heads // c.n_kv_heads
+    kr, vr = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)  # head h reads kv head h // G
+    sc = ops.softcap(jnp.einsum("bqhd,bkhd->bhqk", q, kr, preferred_element_type=F32) * scale, c.attn_softcap)
+    sc = jnp.where(visible, sc, -jnp.inf)
+    top = jnp.max(sc, axis=-1, keepdims=True)
+    if sink is not None:
+        top = jnp.maximum(top, sink)
+    pr = jnp.exp(sc - top)
+    pr = pr / (jnp.sum(pr, axis=-1, keepdims=True) + (jnp.exp(sink - top) if sink is not None else 0.0))
+    return jnp.einsum("bhqk,bkhd->bqhd", pr, vr, preferred_element_type=F32)
+
+
 def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: jax.Array, slots: int,
                    want_taps: bool = False, prefix: tuple[jax.Array, jax.Array] | None = None,
                    kv_dtype: str = "float32"):
@@ -29,7 +44,7 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     and the cache holds prefix then suffix."""
     B, T = tokens.shape
     D, H, K, hd, L = c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.n_layers
-    G, Ld = H // K, c.n_dense_layers
+    Ld = c.n_dense_layers
     shift = ops.rope_shift(c)
     P = 0 if prefix is None else prefix[0].shape[3]
     x = embed[tokens].astype(F32).reshape(B * T, D) * ops.embed_scale(c)
@@ -67,16 +82,8 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
             pk, pv = (prefix[j][l].transpose(0, 2, 1, 3).astype(F32) for j in (0, 1))
             k = jnp.concatenate([jnp.broadcast_to(pk, (B, P, K, hd)), k], axis=1)
             v = jnp.concatenate([jnp.broadcast_to(pv, (B, P, K, hd)), v], axis=1)
-        kr, vr = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)  # head h reads kv head h // G
-        sc = ops.softcap(jnp.einsum("bqhd,bkhd->bhqk", q, kr, preferred_element_type=F32) * scale, c.attn_softcap)
-        sc = jnp.where(local if sliding else causal, sc, -jnp.inf)
-        top = jnp.max(sc, axis=-1, keepdims=True)
-        if c.attn_sinks:  # gpt-oss: head h's sink logit joins the denominator only
-            sink = hbm["sinks"][l].reshape(1, H, 1, 1)
-            top = jnp.maximum(top, sink)
-        pr = jnp.exp(sc - top)
-        pr = pr / (jnp.sum(pr, axis=-1, keepdims=True) + (jnp.exp(sink - top) if c.attn_sinks else 0.0))
-        o = jnp.einsum("bhqk,bkhd->bqhd", pr, vr, preferred_element_type=F32).reshape(B * T, H * hd)
+        sink = hbm["sinks"][l].reshape(1, H, 1, 1) if c.attn_sinks else None
+        o = _attend(c, q, k, v, local if sliding else causal, scale, sink).reshape(B * T, H * hd)
         o = ops.mm(o, hbm["wo"][l])
         x = x + post(o + hbm["bo"][l] if c.o_bias else o, "post_attn_norm", l)
         h = ops.rmsnorm(x, hbm["mlp_norm"][l], c.rms_eps)
