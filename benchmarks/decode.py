@@ -189,7 +189,7 @@ def main() -> None:
     print(f"reference prefill, 4 x 1024    {r['ref_prefill_tokens_per_s_4x1024']:8.1f} tokens/s")
     for b in (1, 8):
         print(f"megakernel decode, batch {b}     {r[f'mk_ms_per_step_b{b}']:8.1f} ms/step "
-              f"({r[f'mk_ratio_vs_ref_b{b}']:.2f}x reference; target <= 2x)")
+              f"({r[f'mk_ratio_vs_ref_b{b}']:.2f}x reference; target <= 1.5x)")
     for name in ("mini-llama", "mini-moe"):
         print(f"TPU interpret, {name:<10}      {r[f'tpu_interpret_s_per_step_{name}']:8.3f} s/step (batch 1)")
     print(f"recompiles in timed loops      {r['recompiles']:8d}")
