@@ -51,45 +51,43 @@ def tpu_vmem(root: Path) -> str:
 
 
 DIFFS = "megakernel-diff-*.json"  # `evalsuite diff --engine megakernel --model M --json > FILE` on real models
+RUNS = "megakernel-run-*.json"  # `evalsuite run TASK --engine megakernel --model M --json > FILE` on real models
+
+
+def _result_table(root: Path, pattern: str, how: str, head: list[str], row) -> str:
+    """One row per committed result file matching pattern (row: its JSON -> cells), with the files named."""
+    files = sorted((root / RESULTS).glob(pattern))
+    if not files:
+        return _absent(f"{RESULTS}/{pattern}")
+    rows = [row(_load(root, f"{RESULTS}/{f.name}")) for f in files]
+    return _source(*[f"{RESULTS}/{f.name}" for f in files], how=how) + _table(head, rows)
+
+
+def _diff_row(d: dict) -> list[str]:
+    s = d["spec"]
+    return [d["model"], d["dtype"], f"`{s['prompts']}`, {s['max_new_tokens']} tokens", f"**{d['verdict']}**",
+            f"{d['positions']:,}", str(d["real_mismatches"]), f"{d['prompts_identical']} of {d['prompts']}",
+            _sci(d["summary"]["max_dlogit"]["max"]), "yes" if d["batching"]["run"] else "no", f"{d['seconds']:.0f}"]
 
 
 def megakernel_diffs(root: Path) -> str:
-    files = sorted((root / RESULTS).glob(DIFFS))
-    if not files:
-        return _absent(f"{RESULTS}/{DIFFS}")
-    rows = []
-    for f in files:
-        d = _load(root, f"{RESULTS}/{f.name}")
-        s = d["spec"]
-        rows.append([d["model"], d["dtype"], f"`{s['prompts']}`, {s['max_new_tokens']} tokens", f"**{d['verdict']}**",
-                     f"{d['positions']:,}", str(d["real_mismatches"]), f"{d['prompts_identical']} of {d['prompts']}",
-                     _sci(d["summary"]["max_dlogit"]["max"]), "yes" if d["batching"]["run"] else "no",
-                     f"{d['seconds']:.0f}"])
-    return (_source(*[f"{RESULTS}/{f.name}" for f in files], how=" (`evalsuite diff --engine megakernel --model M "
-                                                                     "--json`, defaults otherwise)")
-            + _table(["model", "dtype", "prompts", "verdict", "positions", "real mismatches", "identical",
-                      "max abs. logit diff.", "batching part", "seconds"], rows))
+    return _result_table(root, DIFFS, " (`evalsuite diff --engine megakernel --model M --json`, defaults otherwise)",
+                         ["model", "dtype", "prompts", "verdict", "positions", "real mismatches", "identical",
+                          "max abs. logit diff.", "batching part", "seconds"], _diff_row)
 
 
-RUNS = "megakernel-run-*.json"  # `evalsuite run TASK --engine megakernel --model M --json > FILE` on real models
+def _run_row(d: dict) -> list[str]:
+    eng, p = d.get("engines") or {}, d.get("paired") or {}
+    judged = next((e for name, e in eng.items() if name != JUDGE), {})
+    return [d["model"], f"{d['task']} ({d['variant']})", f"{d['items']:,}", _acc(eng.get(JUDGE) or {}), _acc(judged),
+            str(p.get("b")), str(p.get("c")), f"{p.get('loss_upper', float('nan')):.4f}", f"**{d['verdict']}**",
+            f"{d['seconds']:,.0f}"]
 
 
 def megakernel_runs(root: Path) -> str:
     """Paired benchmark runs of the megakernel against the reference on the real models: accuracies, the discordant
     pairs, the largest loss the verdict excludes, and the verdict."""
-    files = sorted((root / RESULTS).glob(RUNS))
-    if not files:
-        return _absent(f"{RESULTS}/{RUNS}")
-    rows = []
-    for f in files:
-        d = _load(root, f"{RESULTS}/{f.name}")
-        eng, p = d.get("engines") or {}, d.get("paired") or {}
-        judged = next((e for name, e in eng.items() if name != JUDGE), {})
-        rows.append([d["model"], f"{d['task']} ({d['variant']})", f"{d['items']:,}", _acc(eng.get(JUDGE) or {}),
-                     _acc(judged), str(p.get("b")),
-                     str(p.get("c")), f"{p.get('loss_upper', float('nan')):.4f}", f"**{d['verdict']}**",
-                     f"{d['seconds']:,.0f}"])
-    return (_source(*[f"{RESULTS}/{f.name}" for f in files], how=" (`evalsuite run TASK --engine megakernel --model M "
-                                                                 "--data-dir ../shared/data/TASK --limit N --json`)")
-            + _table(["model", "task", "items", "reference [95% Wilson]", "megakernel [95% Wilson]", "b (lost)",
-                      "c (gained)", "loss at 97.5% at most", "verdict", "seconds"], rows))
+    return _result_table(root, RUNS, " (`evalsuite run TASK --engine megakernel --model M --data-dir "
+                         "../shared/data/TASK --limit N --json`)",
+                         ["model", "task", "items", "reference [95% Wilson]", "megakernel [95% Wilson]", "b (lost)",
+                          "c (gained)", "loss at 97.5% at most", "verdict", "seconds"], _run_row)
