@@ -14,12 +14,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from engines.config import Config
+from engines.megakernel.recurrent import state_shapes
 from engines.megakernel.spec import (
     EXPERT_VECTORS,
     KernelSpec,
     dense_keys,
     expert_keys,
     expert_slots,
+    gdn_shapes,
     hbm_dtype,
     mlp_chunks,
     streamed_keys,
@@ -101,7 +103,8 @@ class Budget:
                   "mlp chunks": "use bfloat16 weights",
                   "kv tiles": "use a smaller batch or attention tile",
                   "live (estimate)": "use a smaller batch",
-                  "staging": "use a smaller batch", "activations": "use a smaller batch"}[top]
+                  "staging": "use a smaller batch", "activations": "use a smaller batch",
+                  "recurrent state": "use a smaller batch"}[top]
         parts = ", ".join(f"{g} {mib(b)}" for g, b in groups.items())
         return (f"{what} needs {mib(self.limit)} of VMEM with Mosaic's slack on TPU {self.chip} "
                 f"({mib(self.capacity)} a TensorCore): {parts}; {shrink}, or name a chip with more VMEM "
@@ -130,6 +133,7 @@ def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
            Item("activations", "rope k (freq: full, sliding)", (2, K * hd), "float32"),
            Item("activations", "x out", (B, D), "float32"),
            Item("activations", "taps", (L if spec.want_taps else 1, B, D), "float32")]
+    shapes |= {k: (0, *v) for k, v in gdn_shapes(c).items()}  # the engine's fused GDN layout
     for k in streamed_keys(c):
         shape = shapes[k][1:]
         out.append(Item("weights", k, (1, *shape) if len(shape) == 1 else shape, hbm_dtype(k, dtype, len(shape)),
@@ -148,7 +152,11 @@ def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
         out.append(Item("activations", "chosen expert ids", (1, max(LANES, expert_slots(spec))), "int32"))
     out += [Item("kv tiles", "K and V tiles", (B, K, TS, hd), spec.kv_dtype, 2 * spec.kv_buffers),
             Item("activations", "attention out", (B, H * hd), "float32"),
-            Item("staging", "new K and V slots", (L, B, K, 1, hd), spec.kv_dtype, 2)]
+            Item("staging", "new K and V slots", (len(c.attn_layers), B, K, 1, hd), spec.kv_dtype, 2)]
+    if c.gdn_layers:  # each weight slot's GDN state pair, read and written back from it
+        hist, st = state_shapes(c, B, 1)
+        out += [Item("recurrent state", "GDN conv history", hist[1:], "float32", spec.n_buffers),
+                Item("recurrent state", "GDN delta-rule state", st[1:], "float32", spec.n_buffers)]
     f = max(c.ffn if c.n_dense_layers else 0, c.moe_ffn if c.n_moe_layers else 0)
     out += [Item("live (estimate)", "MLP activations (gate, up, product)", (B, f), "float32", 3),
             Item("live (estimate)", "q, scores and accumulator", (B * H, max(hd, TS)), "float32", 3),

@@ -42,6 +42,7 @@ from engines.megakernel.checks import check_options
 from engines.megakernel.faults import ALL_FAULTS, BY_NAME, FAULTS, Knobs, knobs, rows, stale_feedback
 from engines.megakernel.kernel import KernelSpec, decode_layers, hbm_arrays
 from engines.megakernel.prefill import prefill_hidden
+from engines.megakernel.recurrent import state_shapes
 from engines.megakernel.spec import norm_weight, rope_arrays
 from engines.megakernel.tpu import DEFAULT_CHIP, lower, races_found, tpu_interpret_params
 from engines.weights import Weights
@@ -50,8 +51,9 @@ F32 = jnp.float32
 MAX_BATCH = 8  # the kernel's rows per call (each row at its own position)
 ATTN_TILE = 128  # cache positions per online-softmax step (or all slots when fewer)
 # bfloat16 mode as declared to the judge: bf16 matrices and matmul inputs, f32 accumulation, and the router, the
-# residual stream and the KV cache in float32 (the norms and the router bias are float32 in every recipe)
-BF16_RECIPE = Recipe(f32_weights=("router",))
+# residual stream and the KV cache in float32 (the norms and the router bias are float32 in every recipe); Qwen3-Next's
+# shared-expert gate vector float32 too
+BF16_RECIPE = Recipe(f32_weights=("router", "shared_gate"))
 
 
 # Static specs whose compiled programs are kept. Each costs the process memory maps for its code (CPU, interpret
@@ -82,21 +84,21 @@ class _Programs:
         self.jitted = {
             "_prefill": jax.jit(self._prefill_impl, static_argnames=("slots",)),
             "_extend": jax.jit(self._extend_impl, static_argnames=("slots",)),
-            "_prefix_kv": jax.jit(lambda w, tokens: prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"],
-                                                                   tokens, tokens.shape[1],
-                                                                   kv_dtype=self.kv_dtype)[1:3]),
+            "_prefix_kv": jax.jit(lambda w, tokens, lengths: prefill_hidden(
+                self.config, w["hbm"], w["embed"], w["rope"], tokens, tokens.shape[1], kv_dtype=self.kv_dtype,
+                lengths=lengths)[1]),
             "_score": jax.jit(self._score_impl, static_argnames=("want_taps",)),
-            "_gather": jax.jit(lambda kc, vc, keep: (kc[:, keep], vc[:, keep])),  # caches [L, B, K, S, hd]
-            "_put": jax.jit(lambda kc, vc, rk, rv, where, src: (kc.at[:, where].set(rk[:, src]),
-                                                                vc.at[:, where].set(rv[:, src])),
-                            donate_argnums=(0, 1)),
+            # the state: caches [La, B, K, S, hd] (and a GDN model's hist, S [Lg, B, ...]), rows on axis 1
+            "_gather": jax.jit(lambda state, keep: tuple(a[:, keep] for a in state)),
+            "_put": jax.jit(lambda state, rows, where, src: tuple(a.at[:, where].set(r[:, src])
+                                                                  for a, r in zip(state, rows)),
+                            donate_argnums=(0,)),
             # The decode step is two programs: the kernel (keyed by its shape: rows, slots, window, taps) and
             # the head (final norm, logits, top-k; keyed by k and want_logits). One program for both traced
             # and lowered the whole Pallas kernel again for every (k, want_logits) a caller used (generate's
             # top-5, teacher forcing's logits), about 1.6 s each for mini-llama even from the persistent
             # cache.
-            "_decode": jax.jit(self._decode_impl, static_argnames=("want_taps", "window"),
-                               donate_argnums=(3, 4)),
+            "_decode": jax.jit(self._decode_impl, static_argnames=("want_taps", "window"), donate_argnums=(3,)),
             "_head": jax.jit(self._head_impl, static_argnames=("k", "want_logits", "decode")),
         }
 
@@ -116,18 +118,18 @@ class _Programs:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32), top_i, top_v, (logits if want_logits else None)
 
     def _prefill_impl(self, w, tokens, lengths, slots):
-        """Each row's last hidden state [B, D] (its logits come from _head) and the caches."""
-        x, kc, vc, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots,
-                                      kv_dtype=self.kv_dtype)
-        return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0], kc, vc
+        """Each row's last hidden state [B, D] (its logits come from _head) and the state (caches, GDN state)."""
+        x, state, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots,
+                                     kv_dtype=self.kv_dtype, lengths=lengths)
+        return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0], state
 
-    def _extend_impl(self, w, prefix_k, prefix_v, tokens, lengths, slots):
-        x, kc, vc, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots,
-                                      prefix=(prefix_k, prefix_v), kv_dtype=self.kv_dtype)
-        return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0], kc, vc
+    def _extend_impl(self, w, prefix, tokens, lengths, slots):
+        x, state, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots,
+                                     prefix=prefix, kv_dtype=self.kv_dtype, lengths=lengths)
+        return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0], state
 
     def _score_impl(self, w, tokens, want_taps):
-        x, _, _, taps = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens,
+        x, _, taps = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens,
                                        tokens.shape[1], want_taps, kv_dtype=self.kv_dtype)
         return self._logits(w, x), taps
 
@@ -140,11 +142,13 @@ class _Programs:
                           experts=self.experts)
         return replace(spec, vmem_limit=budget(spec, dtype, self.chip).limit)
 
-    def _decode_impl(self, w, ids, pos, kc, vc, want_taps=False, window=None):
-        """The kernel step: hidden states after the last layer [B, D], the updated caches, taps."""
-        spec = self._spec(ids.shape[0], kc.shape[3], want_taps, window, str(w["hbm"]["wq"].dtype))
+    def _decode_impl(self, w, ids, pos, state, want_taps=False, window=None):
+        """The kernel step: hidden states after the last layer [B, D], the updated state, taps."""
+        spec = self._spec(ids.shape[0], state[0].shape[3], want_taps, window, str(w["hbm"]["wo"].dtype))
         x = w["embed"][ids].astype(F32) * ops.embed_scale(self.config)
-        return decode_layers(spec, w["hbm"], x, pos, kc, vc, w["rope_decode"])
+        x, kc, vc, taps, *rec = decode_layers(spec, w["hbm"], x, pos, state[0], state[1], w["rope_decode"],
+                                              tuple(state[2:]))
+        return x, (kc, vc, *rec), taps
 
     def _head_impl(self, w, x, k, want_logits, decode):
         """Final norm, logits and top-k of hidden states [B, D]. Only the kernel's (decode) head takes a
@@ -244,11 +248,14 @@ class MegakernelEngine(Engine):
         c = self.config
         spec = replace(self._programs._spec(batch, window, want_taps, window, self.dtype), interpret=False)
         sd = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)  # noqa: E731
-        cache = jax.ShapeDtypeStruct((c.n_layers, batch, c.n_kv_heads, window, c.head_dim), jnp.dtype(self.kv_cache))
+        cache = jax.ShapeDtypeStruct((len(c.attn_layers), batch, c.n_kv_heads, window, c.head_dim),
+                                     jnp.dtype(self.kv_cache))
         x = jax.ShapeDtypeStruct((batch, c.hidden), F32)
         pos = jax.ShapeDtypeStruct((batch,), jnp.int32)
-        return spec, lower(lambda h, r, *a: decode_layers(spec, h, *a, r), jax.tree.map(sd, self.hbm),
-                           jax.tree.map(sd, self.rope_decode), x, pos, cache, cache)
+        rec = tuple(jax.ShapeDtypeStruct(s, F32) for s in state_shapes(c, batch, len(c.gdn_layers))) \
+            if c.gdn_layers else ()
+        return spec, lower(lambda h, r, x, p, kc, vc, *st: decode_layers(spec, h, x, p, kc, vc, r, st),
+                           jax.tree.map(sd, self.hbm), jax.tree.map(sd, self.rope_decode), x, pos, cache, cache, *rec)
 
     def path_log(self) -> PathLog:
         return self._paths
@@ -288,8 +295,8 @@ class MegakernelEngine(Engine):
         return out
 
     def _prefill_step(self, tokens, lengths, slots, k, want_logits):
-        x, kc, vc = self._prefill(self.w, jnp.asarray(tokens), jnp.asarray(lengths), slots=slots)
-        return (*self._head(self.w, x, k=k, want_logits=want_logits, decode=False), (kc, vc))
+        x, state = self._prefill(self.w, jnp.asarray(tokens), jnp.asarray(lengths), slots=slots)
+        return (*self._head(self.w, x, k=k, want_logits=want_logits, decode=False), state)
 
     def _extend_step(self, prefix, tokens, lengths, slots, k, want_logits):
         """Prefill only the rows' suffixes over a prefix they all share (lm-eval's fixed few-shot
@@ -298,11 +305,11 @@ class MegakernelEngine(Engine):
             P = len(prefix)
             ptoks = np.zeros((1, next_pow2(P, MIN_PREFILL_BUCKET)), np.int32)
             ptoks[0, :P] = prefix
-            kc, vc = self._prefix_kv(self.w, jnp.asarray(ptoks))
+            kc, vc, *rec = self._prefix_kv(self.w, jnp.asarray(ptoks), jnp.asarray([P], np.int32))
             keep = ptoks.shape[1] if self.knobs.prefix_kept_padded else P  # the fault: the bucket, not the length
-            self._prefix = (prefix, (kc[:, :, :, :keep], vc[:, :, :, :keep]))
-        x, kc, vc = self._extend(self.w, *self._prefix[1], jnp.asarray(tokens), jnp.asarray(lengths), slots=slots)
-        return (*self._head(self.w, x, k=k, want_logits=want_logits, decode=False), (kc, vc))
+            self._prefix = (prefix, (kc[:, :, :, :keep], vc[:, :, :, :keep], *rec))
+        x, state = self._extend(self.w, self._prefix[1], jnp.asarray(tokens), jnp.asarray(lengths), slots=slots)
+        return (*self._head(self.w, x, k=k, want_logits=want_logits, decode=False), state)
 
     def _decode_step(self, ids, positions, state, k, want_logits):
         window = attention_window(positions, state[0].shape[3])
@@ -311,23 +318,25 @@ class MegakernelEngine(Engine):
         self._paths.shape("attention_tiles", tiles)
         if tiles >= 2:
             self._paths.hit("multi_tile")
-        x, kc, vc, _ = self._decode(self.w, jnp.asarray(ids), jnp.asarray(positions), *state, window=window)
-        return (*self._head(self.w, x, k=k, want_logits=want_logits, decode=True), (kc, vc))
+        x, state, _ = self._decode(self.w, jnp.asarray(ids), jnp.asarray(positions), state, window=window)
+        return (*self._head(self.w, x, k=k, want_logits=want_logits, decode=True), state)
 
     def _shrink_step(self, state, keep):
         if self.knobs.shrink_keeps_first:  # the first rows kept, not the live ones
             keep = np.arange(len(keep), dtype=np.int32)
-        return self._gather(*state, jnp.asarray(keep))
+        return self._gather(state, jnp.asarray(keep))
 
     def _insert_step(self, state, rows, where, src, batch, slots):
         """Rows src of a fresh prefill's cache (prefilled with these slots) into batch rows where."""
         if state is None:
-            shape = (self.config.n_layers, batch, self.config.n_kv_heads, slots, self.config.head_dim)
-            state = (jnp.zeros(shape, jnp.dtype(self.kv_cache)), jnp.zeros(shape, jnp.dtype(self.kv_cache)))
+            c = self.config
+            shape = (len(c.attn_layers), batch, c.n_kv_heads, slots, c.head_dim)
+            state = (jnp.zeros(shape, jnp.dtype(self.kv_cache)), jnp.zeros(shape, jnp.dtype(self.kv_cache)),
+                     *[jnp.zeros(s, F32) for s in (state_shapes(c, batch, len(c.gdn_layers)) if c.gdn_layers else ())])
         elif self.knobs.refill_shifted:  # a refill of m >= 2 rows: each gets the next prompt's cache
             m = len(np.unique(src))
             src = np.concatenate([np.roll(src[:m], -1), src[m:]]).astype(np.int32)
-        return self._put(*state, *rows, jnp.asarray(where), jnp.asarray(src))
+        return self._put(state, rows, jnp.asarray(where), jnp.asarray(src))
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  stop_ids: Sequence[int] = (), top_k: int = 5, want_logits: bool = False,
@@ -367,13 +376,13 @@ class MegakernelEngine(Engine):
             raise ModelError(f"step_taps: decoded={decoded} needs every prompt longer than that")
         n = len(prompts)
         tokens, lengths, S = pad([list(p[:len(p) - decoded]) for p in prompts], decoded + 1)
-        _, kc, vc = self._prefill(self.w, jnp.asarray(tokens), jnp.asarray(lengths), slots=S)
+        _, state = self._prefill(self.w, jnp.asarray(tokens), jnp.asarray(lengths), slots=S)
         for j in range(decoded + 1):
             ids = np.zeros(len(lengths), np.int32)
             ids[:n] = [p[len(p) - decoded + j] for p in prompts] if j < decoded else next_ids
             pos = lengths + j
-            *_, kc, vc, taps = self._decode(self.w, jnp.asarray(ids), jnp.asarray(pos), kc, vc,
-                                            want_taps=j == decoded, window=attention_window(pos, S))
+            _, state, taps = self._decode(self.w, jnp.asarray(ids), jnp.asarray(pos), state,
+                                          want_taps=j == decoded, window=attention_window(pos, S))
         return np.asarray(taps).transpose(1, 0, 2)[:n]
 
 

@@ -1,6 +1,6 @@
 """The megakernel engine's prefill, in XLA (as on TPU: the fused kernel is for decode).
 
-It writes the KV cache in the kernel's layout [L, B, K, S, hd] (float32, or bfloat16 in that KV mode, K/V rounded
+It writes the KV cache in the kernel's layout [La, B, K, S, hd] (float32, or bfloat16 in that KV mode, K/V rounded
 to it before they are attended) so decode continues from
 any prompt. Its math is engines.megakernel.ops, not the reference's.
 """
@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 
 from engines.config import Config
-from engines.megakernel import mxfp4, ops
-from engines.megakernel.spec import expert_keys, unchunked
+from engines.megakernel import mxfp4, ops, recurrent
+from engines.megakernel.spec import expert_keys, gdn_keys, unchunked
 
 F32 = jnp.float32
 
@@ -33,28 +33,33 @@ def _attend(c: Config, q, k, v, visible, scale: float, sink):
 
 
 def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: jax.Array, slots: int,
-                   want_taps: bool = False, prefix: tuple[jax.Array, jax.Array] | None = None,
-                   kv_dtype: str = "float32"):
-    """tokens [B, T] (right-padded; padding never reaches a real position). Returns the residual
-    stream after the last layer [B, T, D] float32, k_cache, v_cache [L, B, K, slots, hd] and taps
-    [L, B, T, D] (or None).
+                   want_taps: bool = False, prefix: tuple | None = None, kv_dtype: str = "float32",
+                   lengths: jax.Array | None = None):
+    """tokens [B, T] (right-padded; padding never reaches a real position, nor a GDN layer's state: lengths [B],
+    the real tokens, None = all). Returns the residual stream after the last layer [B, T, D] float32, the state
+    (k_cache, v_cache [La, B, K, slots, hd] and, with GDN layers, their hist and S: engines.megakernel.recurrent)
+    and taps [L, B, T, D] (or None).
 
-    prefix: (k, v) [L, 1, K, P, hd], a prompt prefix every row shares, already prefilled: tokens are then
-    the rows' own suffixes at positions P.., attending to the prefix's keys and their own (causally),
-    and the cache holds prefix then suffix."""
+    prefix: a state of batch 1 (P slots), a prompt prefix every row shares, already prefilled: tokens are then
+    the rows' own suffixes at positions P.., attending to the prefix's keys and their own (causally), the
+    GDN layers continuing from its state, and the cache holds prefix then suffix."""
     B, T = tokens.shape
-    D, H, K, hd, L = c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.n_layers
-    Ld = c.n_dense_layers
+    D, H, K, hd, L, La = c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.n_layers, len(c.attn_layers)
     shift = ops.rope_shift(c)
     P = 0 if prefix is None else prefix[0].shape[3]
+    valid = jnp.arange(T)[None, :] < (jnp.full((B,), T) if lengths is None else lengths)[:, None]
+    if c.gdn_layers:  # each GDN layer's (hist, S), zeros or the prefix's
+        hs, ss = recurrent.state_shapes(c, B, len(c.gdn_layers))
+        hist, st = (jnp.zeros(hs, F32), jnp.zeros(ss, F32)) if prefix is None else \
+            (jnp.broadcast_to(prefix[2], hs), jnp.broadcast_to(prefix[3], ss))
     x = embed[tokens].astype(F32).reshape(B * T, D) * ops.embed_scale(c)
     pos = P + jnp.tile(jnp.arange(T, dtype=jnp.int32), B)[:, None]  # [B*T, 1]
     kv = jnp.dtype(kv_dtype)  # the cache's storage; K/V are rounded to it before they are attended
-    kc = jnp.zeros((L, B, K, slots, hd), kv)
-    vc = jnp.zeros((L, B, K, slots, hd), kv)
+    kc = jnp.zeros((La, B, K, slots, hd), kv)
+    vc = jnp.zeros((La, B, K, slots, hd), kv)
     if prefix is not None:
-        kc = kc.at[:, :, :, :P].set(jnp.broadcast_to(prefix[0], (L, B, K, P, hd)))
-        vc = vc.at[:, :, :, :P].set(jnp.broadcast_to(prefix[1], (L, B, K, P, hd)))
+        kc = kc.at[:, :, :, :P].set(jnp.broadcast_to(prefix[0], (La, B, K, P, hd)))
+        vc = vc.at[:, :, :, :P].set(jnp.broadcast_to(prefix[1], (La, B, K, P, hd)))
     qpos, kpos = P + jnp.arange(T)[:, None], jnp.arange(P + T)[None, :]
     causal = qpos >= kpos  # [Tq, P + Tk]: every prefix key, own causally
     local = causal & (kpos > qpos - c.sliding_window)  # a sliding layer's window
@@ -63,45 +68,60 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     post = (lambda y, key, l: ops.rmsnorm(y, hbm[key][l], c.rms_eps)) if c.post_norms else (lambda y, key, l: y)
     taps = []
     for l in range(L):
-        sliding = c.kind(l) == "sliding"
+        h = ops.rmsnorm(x, hbm["attn_norm"][l], c.rms_eps)
+        if c.kind(l) == "gdn":
+            g = c.gdn_layers.index(l)
+            out, hg, sg = recurrent.prefill(c, {k: hbm[k][g] for k in gdn_keys(c)}, h.reshape(B, T, D), hist[g],
+                                            st[g], valid, c.rms_eps)
+            hist, st = hist.at[g].set(hg), st.at[g].set(sg)
+            x = _mlp(c, hbm, x + post(out.reshape(B * T, D), "post_attn_norm", l), l, experts, post, gelu)
+            taps.append(x.reshape(B, T, D))
+            continue
+        sliding, a = c.kind(l) == "sliding", c.attn_layers.index(l)  # a: the layer's index in the attention stacks
         row = 1 if sliding else 0  # the layer kind's RoPE frequencies and score factor
         scale = ((c.query_scale or hd) ** -0.5) * ops.rope_freqs(c, c.kind(l))[1]
-        h = ops.rmsnorm(x, hbm["attn_norm"][l], c.rms_eps)
-        q, k, v = ops.mm(h, hbm["wq"][l]), ops.mm(h, hbm["wk"][l]), ops.mm(h, hbm["wv"][l])
+        q, k, v = ops.mm(h, hbm["wq"][a]), ops.mm(h, hbm["wk"][a]), ops.mm(h, hbm["wv"][a])
         if c.attn_bias:
-            q, k, v = q + hbm["bq"][l], k + hbm["bk"][l], v + hbm["bv"][l]
+            q, k, v = q + hbm["bq"][a], k + hbm["bk"][a], v + hbm["bv"][a]
         if c.qk_norm:
-            q = ops.rmsnorm(q.reshape(-1, hd), hbm["q_norm"][l], c.rms_eps).reshape(B * T, H * hd)
-            k = ops.rmsnorm(k.reshape(-1, hd), hbm["k_norm"][l], c.rms_eps).reshape(B * T, K * hd)
+            q = ops.rmsnorm(q.reshape(-1, hd), hbm["q_norm"][a], c.rms_eps).reshape(B * T, H * hd)
+            k = ops.rmsnorm(k.reshape(-1, hd), hbm["k_norm"][a], c.rms_eps).reshape(B * T, K * hd)
         q = ops.rope(q, pos, rope["first_q"], rope["freq_q"][row:row + 1], shift).reshape(B, T, H, hd)
         k = ops.rope(k, pos, rope["first_k"], rope["freq_k"][row:row + 1], shift).reshape(B, T, K, hd)
         k, v = ops.round_to(k, kv), ops.round_to(v.reshape(B, T, K, hd), kv)
-        kc = kc.at[l, :, :, P:P + T].set(k.transpose(0, 2, 1, 3).astype(kv))
-        vc = vc.at[l, :, :, P:P + T].set(v.transpose(0, 2, 1, 3).astype(kv))
+        kc = kc.at[a, :, :, P:P + T].set(k.transpose(0, 2, 1, 3).astype(kv))
+        vc = vc.at[a, :, :, P:P + T].set(v.transpose(0, 2, 1, 3).astype(kv))
         if prefix is not None:  # keys and values of the prefix, then the rows' own: [B, P + T, K, hd]
-            pk, pv = (prefix[j][l].transpose(0, 2, 1, 3).astype(F32) for j in (0, 1))
+            pk, pv = (prefix[j][a].transpose(0, 2, 1, 3).astype(F32) for j in (0, 1))
             k = jnp.concatenate([jnp.broadcast_to(pk, (B, P, K, hd)), k], axis=1)
             v = jnp.concatenate([jnp.broadcast_to(pv, (B, P, K, hd)), v], axis=1)
-        sink = hbm["sinks"][l].reshape(1, H, 1, 1) if c.attn_sinks else None
+        sink = hbm["sinks"][a].reshape(1, H, 1, 1) if c.attn_sinks else None
         o = _attend(c, q, k, v, local if sliding else causal, scale, sink).reshape(B * T, H * hd)
-        o = ops.mm(o, hbm["wo"][l])
-        x = x + post(o + hbm["bo"][l] if c.o_bias else o, "post_attn_norm", l)
-        h = ops.rmsnorm(x, hbm["mlp_norm"][l], c.rms_eps)
-        if l < Ld:
-            x = x + post(ops.swiglu(h, *[unchunked(hbm[k][l], k) for k in ("gate", "up", "down")], gelu=gelu),
-                         "post_mlp_norm", l)
-        else:
-            m = l - Ld
-            gates = ops.pick_experts(jnp.dot(h, hbm["router"][m], preferred_element_type=F32),
-                                     hbm["router_bias"][m], router=c.router, top_k=c.top_k,
-                                     norm_topk=c.norm_topk, scale=c.routed_scale)
-            y = jnp.zeros_like(x)
-            for e in range(c.n_experts):
-                ex = mxfp4.dense_expert({k: hbm[k][m, e] for k in expert_keys(c, experts)}, hbm["wq"].dtype)
-                y = y + gates[:, e:e + 1] * ops.expert(h, ex, c.expert_act, c.swiglu_alpha, c.swiglu_limit)
-            if c.n_shared_experts:
-                y = y + ops.swiglu(h, hbm["s_gate"][m], hbm["s_up"][m], hbm["s_down"][m])
-            x = x + post(y, "post_mlp_norm", l)
-        if want_taps:
-            taps.append(x.reshape(B, T, D))
-    return x.reshape(B, T, D), kc, vc, (jnp.stack(taps) if want_taps else None)
+        if c.attn_out_gate:  # Qwen3-Next: each head's output times sigmoid of its gate
+            o = o * jax.nn.sigmoid(ops.mm(h, hbm["wg"][a]))
+        o = ops.mm(o, hbm["wo"][a])
+        x = _mlp(c, hbm, x + post(o + hbm["bo"][a] if c.o_bias else o, "post_attn_norm", l), l, experts, post, gelu)
+        taps.append(x.reshape(B, T, D))
+    state = (kc, vc) + ((hist, st) if c.gdn_layers else ())
+    return x.reshape(B, T, D), state, (jnp.stack(taps) if want_taps else None)
+
+
+def _mlp(c: Config, hbm: dict, x, l: int, experts: str, post, gelu: bool):
+    """Layer l's MLP (dense or MoE) and its residual add on x [N, D]."""
+    h = ops.rmsnorm(x, hbm["mlp_norm"][l], c.rms_eps)
+    if l < c.n_dense_layers:
+        return x + post(ops.swiglu(h, *[unchunked(hbm[k][l], k) for k in ("gate", "up", "down")], gelu=gelu),
+                        "post_mlp_norm", l)
+    m = l - c.n_dense_layers
+    gates = ops.pick_experts(jnp.dot(h, hbm["router"][m], preferred_element_type=F32), hbm["router_bias"][m],
+                             router=c.router, top_k=c.top_k, norm_topk=c.norm_topk, scale=c.routed_scale)
+    y = jnp.zeros_like(x)
+    for e in range(c.n_experts):
+        ex = mxfp4.dense_expert({k: hbm[k][m, e] for k in expert_keys(c, experts)}, hbm["wo"].dtype)
+        y = y + gates[:, e:e + 1] * ops.expert(h, ex, c.expert_act, c.swiglu_alpha, c.swiglu_limit)
+    if c.n_shared_experts:
+        shared = ops.swiglu(h, hbm["s_gate"][m], hbm["s_up"][m], hbm["s_down"][m])
+        if c.shared_expert_gate:  # Qwen3-Next: times sigmoid(h . gate), one scalar a token
+            shared = shared * jax.nn.sigmoid(jnp.sum(h * hbm["shared_gate"][m], axis=-1, keepdims=True))
+        y = y + shared
+    return x + post(y, "post_mlp_norm", l)

@@ -12,20 +12,44 @@ import numpy as np
 from engines.config import Config
 from engines.megakernel import ops
 from engines.megakernel.faults import Knobs
+from engines.megakernel.recurrent import GDN_KEYS
+
+
+def layer_keys(c: Config) -> tuple[str, ...]:
+    """Every layer's norms ([L] stacks), streamed with its mixer's arrays."""
+    return ("attn_norm", "mlp_norm") + (("post_attn_norm", "post_mlp_norm") if c.post_norms else ())
 
 
 def attn_keys(c: Config) -> tuple[str, ...]:
-    """A layer's attention arrays and its norms, streamed together."""
-    return (("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm") + (("q_norm", "k_norm") if c.qk_norm else ())
+    """An attention layer's arrays ([La] stacks: Config.attn_layers), streamed together."""
+    if not c.attn_layers:
+        return ()
+    return (("wq", "wk", "wv", "wo") + (("q_norm", "k_norm") if c.qk_norm else ())
             + (("bq", "bk", "bv") if c.attn_bias else ()) + (("bo",) if c.o_bias else ())
-            + (("post_attn_norm", "post_mlp_norm") if c.post_norms else ()) + (("sinks",) if c.attn_sinks else ()))
+            + (("sinks",) if c.attn_sinks else ()) + (("wg",) if c.attn_out_gate else ()))
 
+
+def gdn_keys(c: Config) -> tuple[str, ...]:
+    """A Gated DeltaNet layer's arrays ([Lg] stacks, in the engine's fused layout: engines.megakernel.recurrent)."""
+    return GDN_KEYS if c.gdn_layers else ()
+
+
+def gdn_shapes(c: Config) -> dict[str, tuple[int, ...]]:
+    """One GDN layer's arrays as the kernel streams them (vectors as one row)."""
+    D, Hv, dv, C = c.hidden, c.gdn_v_heads, c.gdn_v_dim, c.gdn_conv_dim
+    return {"gdn_qkv": (D, C), "gdn_z": (D, Hv * dv), "gdn_ba": (D, 2 * Hv), "gdn_conv": (c.gdn_conv, C),
+            "gdn_A_log": (1, Hv), "gdn_dt_bias": (1, Hv), "gdn_norm": (1, dv), "gdn_out": (Hv * dv, D)}
+
+
+# Layer kinds in the kernel's SMEM table (row 0; row 1 holds the layer's index in its kind's stacks)
+KIND_CODES = {"full": 0, "sliding": 1, "gdn": 2}
 
 # Config fields away from the Llama/DeepSeek defaults that the kernel implements (Config.features names them):
-# Qwen2's biases and Gemma 2/3's layers
+# Qwen2's biases, Gemma 2/3's and gpt-oss's layers, Qwen3-Next's Gated DeltaNet hybrid
 SUPPORTED_FEATURES = ("attn_bias", "o_bias", "layer_kinds (sliding)", "sliding_window", "rope_theta_local",
                       "rope_scaling", "norm_style", "post_norms", "mlp_act", "embed_scale", "query_scale",
-                      "attn_softcap", "final_softcap", "attn_sinks", "expert_act", "expert_bias")
+                      "attn_softcap", "final_softcap", "attn_sinks", "expert_act", "expert_bias",
+                      "layer_kinds (gdn)", "attn_out_gate", "rotary_dim", "shared_expert_gate")
 # RMSNorm weights: Gemma's (1 + w) is folded in as the arrays are placed (the kernel's norms then all scale by w)
 NORM_KEYS = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm", "final_norm")
 
@@ -44,7 +68,7 @@ def moe_keys(c: Config) -> tuple[str, ...]:
     if not c.n_moe_layers:
         return ()
     shared = ("s_gate", "s_up", "s_down") if c.n_shared_experts else ()
-    return ("router", "router_bias") + shared
+    return ("router", "router_bias") + shared + (("shared_gate",) if c.shared_expert_gate else ())
 
 
 EXPERT_FORMATS = ("dense", "mxfp4")  # the routed experts in HBM: the mode's dtype, or MXFP4 (engines.megakernel.mxfp4)
@@ -64,7 +88,7 @@ def expert_keys(c: Config, experts: str = "dense") -> tuple[str, ...]:
 def streamed_keys(c: Config) -> tuple[str, ...]:
     """The per-layer weight stacks the kernel streams from HBM a layer at a time, in its order (the dense MLP
     streams in column chunks, the routed experts one by one)."""
-    return attn_keys(c) + moe_keys(c)
+    return layer_keys(c) + attn_keys(c) + gdn_keys(c) + moe_keys(c)
 
 
 # The dense MLP streams through VMEM in chunks of its hidden columns (gate and up columns, down rows), two chunk
@@ -87,7 +111,7 @@ def expert_slots(spec) -> int:
     return min(c.n_experts, spec.batch * c.top_k)
 
 
-KEEP_F32 = ("router",)  # besides the vectors (norms and biases): tiny, precision-critical
+KEEP_F32 = ("router", "shared_gate")  # besides the vectors (norms and biases): tiny, precision-critical
 EXPERT_VECTORS = ("e_gate_b", "e_up_b", "e_down_b")  # an expert's biases: vectors, float32, [Lm, E, 1, X] rows
 
 
@@ -105,6 +129,11 @@ def hbm_arrays(w, dtype: str, experts: str = "dense") -> dict:
     from engines.megakernel import mxfp4
 
     out = {}
+    if w.config.gdn_layers:  # q|k|v and b|a fused, the conv taps-major (channels in lanes), vectors as rows
+        a = w.arrays
+        out["gdn_qkv"] = jnp.asarray(np.concatenate([a["gdn_q"], a["gdn_k"], a["gdn_v"]], -1), jnp.dtype(dtype))
+        out["gdn_ba"] = jnp.asarray(np.concatenate([a["gdn_b"], a["gdn_a"]], -1), jnp.dtype(dtype))
+        out["gdn_conv"] = jnp.asarray(a["gdn_conv"].transpose(0, 2, 1), jnp.dtype(dtype))
     for k in expert_keys(w.config, experts):
         if k.endswith("_q"):
             out[k], out[k[:-2] + "_s"] = (jnp.asarray(a) for a in mxfp4.encode(w.arrays[k[:-2]], k[:-2]))

@@ -53,14 +53,29 @@ def check_lowered(eng: MegakernelEngine, batch: int, window: int, want_taps: boo
     return spec, k
 
 
-@pytest.fixture(scope="module", params=["float32", "bfloat16"])
-def lowering_engines(request, mini_llama, mini_moe):
+# dense, MoE, Qwen2's biases, Gemma 2's soft-caps and windows, Gemma 3's two RoPEs, gpt-oss's sinks and experts,
+# Qwen3-Next's GDN layers (and their state), gated attention and partial RoPE, its MoE variant's gated shared expert
+FAMILIES = ("mini-qwen2", "mini-gemma2", "mini-gemma3", "mini-gptoss", "mini-qwen-hybrid", "mini-qwen-next-moe")
+# in bfloat16, CI lowers these families (the others' bf16 builds differ only in dtypes: the heavy cross product)
+BF16_FAMILIES = ("mini-gptoss", "mini-qwen-hybrid")
+
+
+def _engines(dtype: str, names, mini_llama, mini_moe):
     from evalsuite.models import load_model
 
-    # dense, MoE, Qwen2's biases, Gemma 2's soft-caps and windows, Gemma 3's two RoPEs, gpt-oss's sinks and experts
-    models = (mini_llama, mini_moe, *[load_model(n) for n in ("mini-qwen2", "mini-gemma2", "mini-gemma3",
-                                                              "mini-gptoss")])
-    return [(m.weights, MegakernelEngine(m.weights, request.param)) for m in models]
+    return [(m.weights, MegakernelEngine(m.weights, dtype)) for m in (mini_llama, mini_moe,
+                                                                      *[load_model(n) for n in names])]
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def lowering_engines(request, mini_llama, mini_moe):
+    return _engines(request.param, FAMILIES if request.param == "float32" else BF16_FAMILIES, mini_llama, mini_moe)
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def every_lowering_engine(request, mini_llama, mini_moe):
+    """Every family in both dtypes (the heavy cross product)."""
+    return _engines(request.param, FAMILIES, mini_llama, mini_moe)
 
 
 def test_each_configuration_axis_lowers_for_tpu(lowering_engines):
@@ -73,8 +88,8 @@ def test_each_configuration_axis_lowers_for_tpu(lowering_engines):
         for b, w in zip(BATCHES, (ws[0], ws[1], ws[-1], ws[0])):
             check_lowered(eng, b, w, want_taps=b == 1)
         own = eng.config.name not in ("mini-llama", "mini-moe")
-        for f in kernel_faults(eng.config, own_only=own):
-            if BY_NAME[f].needs.startswith("bf16") == (eng.dtype == "bfloat16") or own:
+        for f in kernel_faults(eng.config, own_only=own):  # a family's own faults: in float32 (heavy: both)
+            if BY_NAME[f].needs.startswith("bf16") == (eng.dtype == "bfloat16") or own and eng.dtype == "float32":
                 check_lowered(MegakernelEngine(weights, eng.dtype, fault=f), 2, 2 * MIN_WINDOW)
         if eng.config.expert_act == "gptoss":  # MXFP4 experts: codes and scales in uint8 VMEM buffers, counted so
             check_lowered(MegakernelEngine(weights, eng.dtype, experts="mxfp4"), 4, 3 * MIN_WINDOW)
@@ -83,9 +98,9 @@ def test_each_configuration_axis_lowers_for_tpu(lowering_engines):
 
 
 @pytest.mark.heavy
-def test_every_configuration_lowers_for_tpu(lowering_engines):
+def test_every_configuration_lowers_for_tpu(every_lowering_engine):
     """Each family x dtype x batch bucket x window bucket, and each kernel fault at every batch bucket."""
-    for weights, eng in lowering_engines:
+    for weights, eng in every_lowering_engine:
         for b, w in itertools.product(BATCHES, windows(eng.config.max_context)):
             check_lowered(eng, b, w)
         for f, b in itertools.product(kernel_faults(eng.config), BATCHES):
