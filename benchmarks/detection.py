@@ -269,7 +269,8 @@ def recheck(doc: dict, out: Path, names: list[str], a, progress) -> int:
 
 # A family's own faults (engines.megakernel.faults.MODEL_NEEDS) run on a mini of that family
 FAMILY_MODELS = {"sliding": "mini-gemma2", "softcap": "mini-gemma2", "sinks": "mini-gptoss", "mxfp4": "mini-gptoss",
-                 "gdn": "mini-qwen-hybrid"}
+                 "recurrent": "mini-qwen-hybrid", "kda": "mini-kimi-linear",
+                 "mla": "mini-kimi-linear"}
 
 
 def main(argv=None) -> int:

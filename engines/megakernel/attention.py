@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from engines.megakernel import ops
-from engines.megakernel.spec import KernelSpec
+from engines.megakernel.spec import KernelSpec, cache_dims
 
 F32 = jnp.float32
 
@@ -25,24 +25,28 @@ def n_tiles(spec: KernelSpec) -> int:
     return n - (1 if spec.knobs.skip_last_tile and n > 1 else 0)
 
 
-def attend(spec: KernelSpec, q, k, v, pos_v, sliding, first, live, kv_tile, kbufs, vbufs, sinks):
-    """q [B, H*hd], the new token's k, v [B, K*hd] (as the cache holds them), pos_v [B, 1]; sliding (traced) the
-    layer's kind; tiles first .. live-1 are read (kv_tile(t): tile t's two copies into buffer t % kv_buffers);
-    sinks [1, H] or None. Returns the heads' outputs [B, H*hd] float32.
+def attend(spec: KernelSpec, q, k, v, pos_v, sliding, first, live, kv_tile, kbufs, vbufs, sinks, mla: bool = False):
+    """q [B, H*dk], the new token's k [B, K*dk], v [B, K*dv] (as the cache holds them), pos_v [B, 1]; sliding
+    (traced) the layer's kind; tiles first .. live-1 are read (kv_tile(t): tile t's two copies into buffer
+    t % kv_buffers); sinks [1, H] or None. mla: an MLA layer's (K = H heads, keys n + r wide, values v wide:
+    spec.cache_dims). Returns the heads' outputs [B, H*dv] float32.
 
     n = B*K groups of G query heads (head kh*G + g of row b -> group b*K + kh, row g). The new token's K/V is
     attended last (the cache tiles cover positions < p only), so no VMEM copy of the cache is ever written. The
     tile loop is static: a traced loop made the generic interpreter carry (and copy) every scratch buffer per
     iteration, 5x slower at batch 8."""
     c, kn = spec.config, spec.knobs
-    B, H, K, hd, TS = spec.batch, c.n_heads, c.n_kv_heads, c.head_dim, spec.tile
+    B, H, TS = spec.batch, c.n_heads, spec.tile
+    K, hd, dv = cache_dims(c)
     G, nt = H // K, n_tiles(spec)
     windowed, win = window(spec)
     gqa_t = kn.gqa_transposed  # query head h reads kv head h % K instead of h // G
-    # the scores' scale: 1/sqrt(hd) or Gemma's query_pre_attn_scalar**-0.5, times a scaled RoPE's factor (YaRN)
-    base = ((c.query_scale or hd) + kn.scale_dim_offset) ** -0.5
-    scales = [base * ops.rope_freqs(c, kind)[1] for kind in ("full", "sliding")]
-    scale = jnp.where(sliding, scales[1], scales[0]) if scales[0] != scales[1] else scales[0]
+    if mla:  # the key's true width (n + r)^-1/2; the fault: a kernel's padded width's
+        scale = (pl.next_power_of_2(hd) if kn.mla_scale_padded else hd) ** -0.5
+    else:  # 1/sqrt(hd) or Gemma's query_pre_attn_scalar**-0.5, times a scaled RoPE's factor (YaRN)
+        base = ((c.query_scale or hd) + kn.scale_dim_offset) ** -0.5
+        scales = [base * ops.rope_freqs(c, kind)[1] for kind in ("full", "sliding")]
+        scale = jnp.where(sliding, scales[1], scales[0]) if scales[0] != scales[1] else scales[0]
     qg = (q.reshape(B, G, K, hd).transpose(0, 2, 1, 3) if gqa_t else q).reshape(B * K, G, hd) * scale
     row_pos = jnp.repeat(pos_v, K, axis=0)[:, :, None]  # [n, 1, 1]
 
@@ -58,7 +62,7 @@ def attend(spec: KernelSpec, q, k, v, pos_v, sliding, first, live, kv_tile, kbuf
             return ops.softcap(jnp.where(ok, sc, -jnp.inf), c.attn_softcap)
         return jnp.where(ok, ops.softcap(sc, c.attn_softcap), -jnp.inf)
 
-    mla = (jnp.full((B * K, G, 1), -jnp.inf, F32), jnp.zeros((B * K, G, 1), F32), jnp.zeros((B * K, G, hd), F32))
+    mla = (jnp.full((B * K, G, 1), -jnp.inf, F32), jnp.zeros((B * K, G, 1), F32), jnp.zeros((B * K, G, dv), F32))
     if sinks is not None and not kn.sink_dropped:  # gpt-oss: a learned logit per head joins the denominator
         sk = sinks.reshape(1, G, K).transpose(0, 2, 1) if gqa_t else sinks.reshape(1, K, G)  # head kh*G + g
         mla = (jnp.broadcast_to(sk, (B, K, G)).reshape(B * K, G, 1), jnp.ones((B * K, G, 1), F32), mla[2])
@@ -75,7 +79,7 @@ def attend(spec: KernelSpec, q, k, v, pos_v, sliding, first, live, kv_tile, kbuf
 
             j = t % spec.kv_buffers
             kt = kbufs[j][...].reshape(B * K, TS, hd).astype(F32)
-            vt = vbufs[j][...].reshape(B * K, TS, hd).astype(F32)
+            vt = vbufs[j][...].reshape(B * K, TS, dv).astype(F32)
             sc = jnp.einsum("nqd,nkd->nqk", qg, kt, preferred_element_type=F32)  # [n, G, TS]
             col = t * TS + jax.lax.broadcasted_iota(jnp.int32, (B * K, 1, TS), 2)
             # V is masked as well as the scores: an unwritten slot may hold anything (NaN included), and a zero
@@ -86,7 +90,7 @@ def attend(spec: KernelSpec, q, k, v, pos_v, sliding, first, live, kv_tile, kbuf
         mla = jax.lax.cond((t >= first) & (t < live), tile_step, lambda m: m, mla)
     if not kn.skip_new_kv:  # the fault: the newest entry is never attended to
         sc = jnp.einsum("nqd,nkd->nqk", qg, k.reshape(B * K, 1, hd), preferred_element_type=F32)  # [n, G, 1]
-        mla = ops.online_softmax_step(mla, ops.softcap(sc, c.attn_softcap), v.reshape(B * K, 1, hd))
+        mla = ops.online_softmax_step(mla, ops.softcap(sc, c.attn_softcap), v.reshape(B * K, 1, dv))
     _, lsum, acc = mla
-    out = jnp.where(lsum > 0, acc / jnp.maximum(lsum, 1e-30), 0.0)  # [n, G, hd]
-    return (out.reshape(B, K, G, hd).transpose(0, 2, 1, 3) if gqa_t else out).reshape(B, H * hd)
+    out = jnp.where(lsum > 0, acc / jnp.maximum(lsum, 1e-30), 0.0)  # [n, G, dv]
+    return (out.reshape(B, K, G, dv).transpose(0, 2, 1, 3) if gqa_t else out).reshape(B, H * dv)

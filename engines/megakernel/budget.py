@@ -14,15 +14,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from engines.config import Config
-from engines.megakernel.recurrent import state_shapes
+from engines.megakernel import recurrent
 from engines.megakernel.spec import (
     EXPERT_VECTORS,
     KernelSpec,
+    cache_dims,
     dense_keys,
     expert_keys,
     expert_slots,
-    gdn_shapes,
     hbm_dtype,
+    kv_layers,
     mlp_chunks,
     streamed_keys,
 )
@@ -133,7 +134,8 @@ def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
            Item("activations", "rope k (freq: full, sliding)", (2, K * hd), "float32"),
            Item("activations", "x out", (B, D), "float32"),
            Item("activations", "taps", (L if spec.want_taps else 1, B, D), "float32")]
-    shapes |= {k: (0, *v) for k, v in gdn_shapes(c).items()}  # the engine's fused GDN layout
+    for kind in recurrent.kinds(c):  # the engine's fused layout of the linear-attention layers
+        shapes |= {k: (0, *v) for k, v in recurrent.shapes(c, kind).items()}
     for k in streamed_keys(c):
         shape = shapes[k][1:]
         out.append(Item("weights", k, (1, *shape) if len(shape) == 1 else shape, hbm_dtype(k, dtype, len(shape)),
@@ -150,13 +152,16 @@ def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
         out.append(Item("experts", k, shape, hbm_dtype(k, dtype, 1 if vector else 2), 2))
     if expert_keys(c):
         out.append(Item("activations", "chosen expert ids", (1, max(LANES, expert_slots(spec))), "int32"))
-    out += [Item("kv tiles", "K and V tiles", (B, K, TS, hd), spec.kv_dtype, 2 * spec.kv_buffers),
+    Kc, dkc, dvc = cache_dims(c)
+    out += [Item("kv tiles", "K tiles", (B, Kc, TS, dkc), spec.kv_dtype, 2),
+            Item("kv tiles", "V tiles", (B, Kc, TS, dvc), spec.kv_dtype, 2),
             Item("activations", "attention out", (B, H * hd), "float32"),
-            Item("staging", "new K and V slots", (len(c.attn_layers), B, K, 1, hd), spec.kv_dtype, 2)]
-    if c.gdn_layers:  # each weight slot's GDN state pair, read and written back from it
-        hist, st = state_shapes(c, B, 1)
-        out += [Item("recurrent state", "GDN conv history", hist[1:], "float32", spec.n_buffers),
-                Item("recurrent state", "GDN delta-rule state", st[1:], "float32", spec.n_buffers)]
+            Item("staging", "new K slots", (kv_layers(c), B, Kc, 1, dkc), spec.kv_dtype),
+            Item("staging", "new V slots", (kv_layers(c), B, Kc, 1, dvc), spec.kv_dtype)]
+    for kind in recurrent.kinds(c):  # each weight slot's state pair, read and written back from it
+        hist, st = recurrent.state_shapes(c, kind, B)
+        out += [Item("recurrent state", f"{kind.upper()} conv history", hist[1:], "float32", spec.n_buffers),
+                Item("recurrent state", f"{kind.upper()} delta-rule state", st[1:], "float32", spec.n_buffers)]
     f = max(c.ffn if c.n_dense_layers else 0, c.moe_ffn if c.n_moe_layers else 0)
     out += [Item("live (estimate)", "MLP activations (gate, up, product)", (B, f), "float32", 3),
             Item("live (estimate)", "q, scores and accumulator", (B * H, max(hd, TS)), "float32", 3),

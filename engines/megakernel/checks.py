@@ -9,7 +9,7 @@ from engines.base import DTYPES
 from engines.config import Config
 from engines.errors import ModelError, UnsupportedModel
 from engines.megakernel.faults import ALL_FAULTS, BY_NAME, MODEL_NEEDS
-from engines.megakernel.spec import EXPERT_FORMATS, SUPPORTED_FEATURES
+from engines.megakernel.spec import EXPERT_FORMATS, KIND_CODES, SUPPORTED_FEATURES
 from engines.megakernel.tpu import CHIPS
 
 INTERPRET_MODES = ("generic", "tpu", "mosaic")  # mosaic: compiled by Mosaic, on a TPU only
@@ -30,8 +30,14 @@ def check_options(c: Config, dtype: str, fault: str | None, interpret: str, kv_c
     if interpret == "mosaic" and jax.default_backend() != "tpu":
         raise ModelError(f"--engine-option interpret=mosaic compiles the kernel with Mosaic, which needs a TPU; "
                          f"jax here runs on {jax.default_backend()} (docs/tpu.md)")
-    missing = [f for f in c.features() if f not in SUPPORTED_FEATURES]
-    if missing:  # the kernel implements the Llama/Qwen3/Qwen2, Gemma 2/3, gpt-oss and DeepSeek-style MoE layers
+    kinds = sorted(set(c.layer_kinds) - set(KIND_CODES))  # layer kinds, then the other fields
+    missing = ([f"layer_kinds ({', '.join(kinds)})"] if kinds else []) + \
+        [f for f in c.features() if f not in SUPPORTED_FEATURES and not f.startswith("layer_kinds")]
+    if c.mla_layers and c.mla_rope:
+        missing.append("mla_rope (DeepSeek-V3's rotated q_pe and k_pe; Kimi's NoPE MLA is in)")
+    if c.mla_layers and c.attn_layers:  # one KV cache layout a model (spec.cache_dims)
+        missing.append("attention and MLA layers in one model")
+    if missing:  # the kernel implements the Llama/Qwen3/Qwen2, Gemma 2/3, gpt-oss, DeepSeek-style MoE, GDN, KDA layers
         raise UnsupportedModel(f"the megakernel does not implement {', '.join(missing)} "
                                f"(model {c.name}); use --engine reference, or another engine")
     if kv_cache not in DTYPES:

@@ -36,14 +36,13 @@ from engines.loop import (
     greedy_all,
     pad,
 )
-from engines.megakernel import ops
+from engines.megakernel import ops, recurrent
 from engines.megakernel.budget import budget
 from engines.megakernel.checks import check_options
 from engines.megakernel.faults import ALL_FAULTS, BY_NAME, FAULTS, Knobs, knobs, rows, stale_feedback
 from engines.megakernel.kernel import KernelSpec, decode_layers, hbm_arrays
 from engines.megakernel.prefill import prefill_hidden
-from engines.megakernel.recurrent import state_shapes
-from engines.megakernel.spec import norm_weight, rope_arrays
+from engines.megakernel.spec import cache_shapes, mode_dtype, norm_weight, rope_arrays
 from engines.megakernel.tpu import DEFAULT_CHIP, lower, races_found, tpu_interpret_params
 from engines.weights import Weights
 
@@ -144,7 +143,7 @@ class _Programs:
 
     def _decode_impl(self, w, ids, pos, state, want_taps=False, window=None):
         """The kernel step: hidden states after the last layer [B, D], the updated state, taps."""
-        spec = self._spec(ids.shape[0], state[0].shape[3], want_taps, window, str(w["hbm"]["wo"].dtype))
+        spec = self._spec(ids.shape[0], state[0].shape[3], want_taps, window, str(mode_dtype(w["hbm"])))
         x = w["embed"][ids].astype(F32) * ops.embed_scale(self.config)
         x, kc, vc, taps, *rec = decode_layers(spec, w["hbm"], x, pos, state[0], state[1], w["rope_decode"],
                                               tuple(state[2:]))
@@ -248,14 +247,14 @@ class MegakernelEngine(Engine):
         c = self.config
         spec = replace(self._programs._spec(batch, window, want_taps, window, self.dtype), interpret=False)
         sd = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)  # noqa: E731
-        cache = jax.ShapeDtypeStruct((len(c.attn_layers), batch, c.n_kv_heads, window, c.head_dim),
-                                     jnp.dtype(self.kv_cache))
+        kv = jnp.dtype(self.kv_cache)
+        k_cache, v_cache = (jax.ShapeDtypeStruct(s, kv) for s in cache_shapes(c, batch, window))
         x = jax.ShapeDtypeStruct((batch, c.hidden), F32)
         pos = jax.ShapeDtypeStruct((batch,), jnp.int32)
-        rec = tuple(jax.ShapeDtypeStruct(s, F32) for s in state_shapes(c, batch, len(c.gdn_layers))) \
-            if c.gdn_layers else ()
+        rec = tuple(jax.ShapeDtypeStruct(s, F32) for s in recurrent.state(c, batch))
         return spec, lower(lambda h, r, x, p, kc, vc, *st: decode_layers(spec, h, x, p, kc, vc, r, st),
-                           jax.tree.map(sd, self.hbm), jax.tree.map(sd, self.rope_decode), x, pos, cache, cache, *rec)
+                           jax.tree.map(sd, self.hbm), jax.tree.map(sd, self.rope_decode), x, pos, k_cache, v_cache,
+                           *rec)
 
     def path_log(self) -> PathLog:
         return self._paths
@@ -330,9 +329,8 @@ class MegakernelEngine(Engine):
         """Rows src of a fresh prefill's cache (prefilled with these slots) into batch rows where."""
         if state is None:
             c = self.config
-            shape = (len(c.attn_layers), batch, c.n_kv_heads, slots, c.head_dim)
-            state = (jnp.zeros(shape, jnp.dtype(self.kv_cache)), jnp.zeros(shape, jnp.dtype(self.kv_cache)),
-                     *[jnp.zeros(s, F32) for s in (state_shapes(c, batch, len(c.gdn_layers)) if c.gdn_layers else ())])
+            state = (*[jnp.zeros(s, jnp.dtype(self.kv_cache)) for s in cache_shapes(c, batch, slots)],
+                     *[jnp.zeros(s, F32) for s in recurrent.state(c, batch)])
         elif self.knobs.refill_shifted:  # a refill of m >= 2 rows: each gets the next prompt's cache
             m = len(np.unique(src))
             src = np.concatenate([np.roll(src[:m], -1), src[m:]]).astype(np.int32)

@@ -58,6 +58,8 @@ class Knobs:
     decay_after_delta: bool = _knob(False, "kernel")  # GDN: the state's decay applied after the delta update
     conv_unshifted: bool = _knob(False, "kernel")  # GDN: the conv state not shifted by the new token
     l2_eps_outside: bool = _knob(False, "kernel")  # GDN: q and k normed by x / (sqrt(sum x^2) + eps)
+    mla_scale_padded: bool = _knob(False, "kernel")  # MLA: scores scaled by the padded key width's ^-1/2
+    kda_gate_per_head: bool = _knob(False, "kernel")  # KDA: each head's first channel's decay for all its channels
     topk_renormalized: bool = _knob(False, "head")  # top-k logprobs renormalised over the k ids
     topk_ranks_swapped: bool = _knob(False, "head")  # ranks 2 and 3 carry each other's ids
     stale_feedback: bool = _knob(False, "loop")  # each decode step fed the token of one step earlier
@@ -181,17 +183,24 @@ CATALOGUE = tuple(Fault(*f) for f in (
      "a nibble order swapped between the packer and the kernel's unpacking (MXFP4 holds two codes a byte)",
      "mxfp4"),
     ("decay_after_delta", Knobs(decay_after_delta=True),
-     "a GDN layer's state decay is applied after the delta-rule update (the update reads the undecayed memory)",
+     "a GDN or KDA layer's state decay is applied after the delta-rule update (it reads the undecayed memory)",
      "the two lines of the gated delta rule in the wrong order: the decay then multiplies the new write too",
-     "gdn"),
+     "recurrent"),
     ("conv_unshifted", Knobs(conv_unshifted=True),
-     "a GDN layer's conv state is not shifted by the new token (every step convolves the prompt's last inputs)",
+     "a GDN or KDA layer's conv state is not shifted by the new token (each step convolves the prompt's last inputs)",
      "a recurrent state read, used and never written back (a missing store or a donated buffer not returned)",
-     "gdn"),
+     "recurrent"),
     ("l2_eps_outside", Knobs(l2_eps_outside=True),
-     "GDN's q and k L2 norms put the epsilon outside the square root: x / (sqrt(sum x^2) + eps)",
+     "GDN's and KDA's q and k L2 norms put the epsilon outside the square root: x / (sqrt(sum x^2) + eps)",
      "an l2norm written as x / (norm + eps), as torch.nn.functional.normalize does, where the model's sums it "
-     "inside", "gdn"),
+     "inside", "recurrent"),
+    ("kda_gate_per_head", Knobs(kda_gate_per_head=True),
+     "a KDA layer decays every key channel of a head by that head's first channel's gate",
+     "KDA's per-channel forget gate collapsed to GDN's one per head (a kernel ported from Gated DeltaNet)", "kda"),
+    ("mla_scale_padded", Knobs(mla_scale_padded=True),
+     "MLA scores are scaled by the key width padded to a power of two (mini: 32^-1/2 for 24^-1/2)",
+     "a kernel that pads the nope + rope key to the lane width and scales by the padded width (K3: 256^-1/2 for "
+     "192^-1/2)", "mla"),
     ("topk_renormalized", Knobs(topk_renormalized=True), "the reported top-k logprobs are renormalised over the k ids",
      "a server that returns top-k log-softmax over the top-k instead of the vocabulary (generate() only)"),
     ("topk_ids_swapped", Knobs(topk_ranks_swapped=True), "ranks 2 and 3 of the reported top-k carry each other's ids",
@@ -217,13 +226,18 @@ MODEL_NEEDS = {"moe": ("a MoE model", lambda c: c.family == "moe"),
                "sinks": ("attention sinks (gpt-oss)", lambda c: c.attn_sinks),
                # the fault brings MXFP4 experts (engines.megakernel.mxfp4), which need weights MXFP4 holds exactly
                "mxfp4": ("MXFP4 experts (gpt-oss)", lambda c: c.expert_act == "gptoss"),
-               "gdn": ("Gated DeltaNet layers (Qwen3-Next, Qwen3.8)", lambda c: "gdn" in c.layer_kinds)}
+               "recurrent": ("Gated DeltaNet or Kimi Delta Attention layers (Qwen3-Next, Qwen3.8, Kimi Linear, K3)",
+                             lambda c: bool({"gdn", "kda"} & set(c.layer_kinds))),
+               "kda": ("Kimi Delta Attention layers (Kimi Linear, K3)", lambda c: "kda" in c.layer_kinds),
+               "mla": ("multi-head latent attention layers (Kimi Linear, K3)", lambda c: "mla" in c.layer_kinds)}
 SHOWS_WITH = {"": "any prompt", "moe": "MoE models",
               "sliding": "models with sliding-window layers, contexts past the window",
               "softcap": "models with an attention soft-cap (Gemma 2)",
               "sinks": "models with attention sinks (gpt-oss)",
               "mxfp4": "MXFP4 experts (gpt-oss; the fault builds the engine with --engine-option experts=mxfp4)",
-              "gdn": "models with Gated DeltaNet layers (Qwen3-Next, Qwen3.8)",
+              "recurrent": "models with Gated DeltaNet or Kimi Delta Attention layers",
+              "kda": "models with Kimi Delta Attention layers (Kimi Linear, K3)",
+              "mla": "models with multi-head latent attention layers (Kimi Linear, K3)",
               "batch": "batch > 1, rows at different positions",
               "tiles": "contexts past 128 tokens",
               "refill": "more prompts than rows, finishing at different steps (refills of two or more rows)",

@@ -24,24 +24,29 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from engines.megakernel import attention, mxfp4, ops, recurrent
+from engines.megakernel import attention, mla, mxfp4, ops, recurrent
+from engines.megakernel.call import pallas_call
 from engines.megakernel.faults import NORM_EPS_FAULT
 from engines.megakernel.spec import (  # noqa: F401 (KernelSpec and hbm_arrays are this module's API too)
+    ATTENTION_CODES,
+    CACHE_CODES,
     KIND_CODES,
     KernelSpec,
     attn_keys,
+    cache_dims,
     dense_keys,
     expert_keys,
     expert_slots,
-    gdn_keys,
     hbm_arrays,
     layer_keys,
+    mla_keys,
+    mode_dtype,
     moe_keys,
+    stack,
     streamed_keys,
 )
 
 F32 = jnp.float32
-ROPE_KEYS = ("first_q", "freq_q", "first_k", "freq_k")
 
 
 def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_cache: jax.Array,
@@ -55,12 +60,14 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     """
     c = spec.config
     B, D, L, K, hd = spec.batch, c.hidden, c.n_layers, c.n_kv_heads, c.head_dim
+    Kc, dkc, dvc = cache_dims(c)  # the KV cache's heads and widths (attention's, or MLA's expanded form)
     H, TS, nb = c.n_heads, spec.tile, spec.n_buffers
     S = spec.window or spec.slots  # the cache positions read per layer (streamed through VMEM tile by tile)
     Ld, Lm = c.n_dense_layers, c.n_moe_layers
-    lk, ak, gk, dk, mk = layer_keys(c), attn_keys(c), gdn_keys(c), dense_keys(c), moe_keys(c)
+    lk, ak, xk, dk, mk = layer_keys(c), attn_keys(c), mla_keys(c), dense_keys(c), moe_keys(c)
     streamed, ek = streamed_keys(c), expert_keys(c, spec.experts)
-    hybrid = bool(gk)  # layers of two kinds of mixer: each layer's kind and stack index read from SMEM
+    rk = recurrent.kinds(c)  # the linear-attention kinds, each with its own weight and state stacks
+    hybrid = len({stack(c, i) for i in range(L)}) > 1  # mixers of two kinds: each layer's chosen at run time
     n_slots = expert_slots(spec) if Lm else 0
     n_chunks = hbm["gate"].shape[1] if dk else 0
     assert S % TS == 0 and S <= spec.slots and 1 <= nb <= 2 and 1 <= spec.kv_buffers <= 2
@@ -69,7 +76,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     gelu = (c.mlp_act == "gelu_tanh") != kn.gelu_mlp  # GeGLU (Gemma); the gelu_mlp fault swaps the activation
     shift = ops.rope_shift(c)
     table = [[KIND_CODES[c.kind(i)] for i in range(L)],  # row 0: a layer's kind; row 1: its index in its stacks
-             [(c.attn_layers if c.kind(i) in ("full", "sliding") else c.gdn_layers).index(i) for i in range(L)]]
+             [sum(stack(c, j) == stack(c, i) for j in range(i)) for i in range(L)]]
     windowed, win = attention.window(spec)
     kvd = jnp.dtype(spec.kv_dtype)
     assert k_cache.dtype == kvd and v_cache.dtype == kvd, (k_cache.dtype, spec.kv_dtype)
@@ -81,17 +88,17 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
         i += len(streamed) + len(ek) + len(dk)
         kc_in, vc_in = refs[i:i + 2]
         i += 2
-        st_in = refs[i:i + 2] if hybrid else ()
+        st_in = refs[i:i + 2 * len(rk)]  # each recurrent kind's (hist, S) stacks
         i += len(st_in)
         x_out, kc_out, vc_out, taps_out = refs[i:i + 4]
         i += 4
-        st_out = refs[i:i + 2] if hybrid else ()
+        st_out = refs[i:i + 2 * len(rk)]
         i += len(st_out)
         # One scratch buffer per (slot, array): a layer reads whole refs, never a slice of a
         # stacked [2, ...] buffer (in the generic interpreter that slice is an extra copy).
-        ns = len(streamed)
-        buf = [dict(zip(streamed, refs[i + ns * j:i + ns * (j + 1)])) for j in range(nb)]
-        i += ns * nb
+        nw = len(streamed)
+        buf = [dict(zip(streamed, refs[i + nw * j:i + nw * (j + 1)])) for j in range(nb)]
+        i += nw * nb
         sem_w, kbuf0, kbuf1, vbuf0, vbuf1, sem_kv, sem_wb, attn_buf, newk, newv = refs[i:i + 10]
         kbufs, vbufs = (kbuf0, kbuf1), (vbuf0, vbuf1)
         i += 10
@@ -102,52 +109,56 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
         cbuf = [dict(zip(dk, refs[i + 3 * j:i + 3 * j + 3])) for j in range(2 if dk else 0)]  # two MLP chunk slots
         sem_c = refs[i + 6] if dk else None
         i += 7 if dk else 0
-        # GDN state buffers, one (hist, S) pair per weight slot, read with the layer's weights and written back
-        # from the same slot (pending[slot]: a write-back not yet waited for)
-        sbuf = [refs[i + 2 * j:i + 2 * j + 2] for j in range(nb)] if hybrid else []
-        sem_st, pending = (refs[i + 2 * nb], refs[i + 2 * nb + 1]) if hybrid else (None, None)
-        # kc_in/vc_in alias kc_out/vc_out (one HBM buffer on a TPU): the layers read the cache
-        # through the input refs; the new slots are written through the output refs at the end.
+        # recurrent state buffers, one (hist, S) pair per kind and weight slot, read with the layer's weights and
+        # written back from the same slot (pending[slot]: 1 + the kind of a write-back not yet waited for)
+        ns = len(st_in)
+        sbuf = [refs[i + ns * j:i + ns * (j + 1)] for j in range(nb)]
+        sem_st, pending = (refs[i + ns * nb], refs[i + ns * nb + 1]) if hybrid else (None, None)
+        # kc_in/vc_in alias kc_out/vc_out (one HBM buffer on a TPU): layers read the cache through the input refs
 
         def copies(keys, idx, slot):
             return [pltpu.make_async_copy(w[k].at[idx], buf[slot][k], sem_w.at[slot, streamed.index(k)])
                     for k in keys]
 
-        def state_copy(g, slot, out: bool):
-            """GDN layer g's state into (or, out, from) buffer slot `slot`."""
-            return [pltpu.make_async_copy(sbuf[slot][j], st_out[j].at[g], sem_st.at[slot, 2 + j]) if out else
-                    pltpu.make_async_copy(st_in[j].at[g], sbuf[slot][j], sem_st.at[slot, j]) for j in range(2)]
+        def state_copy(r, g, slot, out: bool):
+            """Layer g of recurrent kind r: its state into (or, out, from) buffer slot `slot`."""
+            return [pltpu.make_async_copy(sbuf[slot][j], st_out[j].at[g], sem_st.at[slot, ns + j]) if out else
+                    pltpu.make_async_copy(st_in[j].at[g], sbuf[slot][j], sem_st.at[slot, j])
+                    for j in (2 * r, 2 * r + 1)]
 
         def run(cps, start: bool):
             for cp in cps:
                 cp.start() if start else cp.wait()
 
         def fetch(l, slot, start: bool):
-            """Layer l's norms and its mixer's arrays (a GDN layer's state too) into buffer slot `slot`."""
+            """Layer l's norms and its mixer's arrays (a recurrent layer's state too) into buffer slot `slot`."""
             run(copies(lk, l, slot), start)
+            g = table_s[1, l]
+            mixers = ([("attention", lambda: run(copies(ak, g, slot), start))] if ak else []) + \
+                ([("mla", lambda: run(copies(xk, g, slot), start))] if xk else []) + \
+                [(kind, lambda r=r, kind=kind: run(copies(recurrent.keys(c, kind), g, slot)
+                                                   + state_copy(r, g, slot, False), start))
+                 for r, kind in enumerate(rk)]
+            branch(table_s[0, l], mixers)
+
+        def branch(kind, mixers):
+            """The one mixer (name, fn) of this layer's kind ("attention": full or sliding), run; with mixers of
+            one kind only, unconditionally."""
             if not hybrid:
-                run(copies(ak, l, slot), start)
-                return
-
-            @pl.when(table_s[0, l] < 2)
-            def _():
-                run(copies(ak, table_s[1, l], slot), start)
-
-            @pl.when(table_s[0, l] == 2)
-            def _():
-                run(copies(gk, table_s[1, l], slot) + state_copy(table_s[1, l], slot, False), start)
+                return mixers[0][1]()
+            for name, fn in mixers:
+                pl.when((kind < ATTENTION_CODES) if name == "attention" else (kind == KIND_CODES[name]))(fn)
 
         def settle(slot):
-            """Wait for slot's GDN write-back, if one is out, before anything lands in that slot."""
-            if hybrid:
-                @pl.when(pending[slot] == 1)
-                def _():
-                    run(state_copy(0, slot, True), False)
+            """Wait for slot's state write-back, if one is out, before anything lands in that slot."""
+            for r in range(len(rk)):
+                @pl.when(pending[slot] == r + 1)
+                def _(r=r):
+                    run(state_copy(r, 0, slot, True), False)
                     pending[slot] = 0
 
-        if hybrid:
-            for j in range(nb):
-                pending[j] = 0
+        for j in range(nb if hybrid else 0):
+            pending[j] = 0
         fetch(0, 0, True)
         if not Ld and Lm:
             run(copies(mk, 0, 0), True)
@@ -155,8 +166,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
         def chunk_copies(l, j):
             """Chunk j of dense layer l's MLP into chunk buffer j % 2."""
             return [pltpu.make_async_copy(w[k].at[l, j], cbuf[j % 2][k], sem_c.at[j % 2, q]) for q, k in enumerate(dk)]
-        # the cache tiles any row attends: those holding a position below the highest row's (its own slot too
-        # under the mask_own_slot fault, which reads it)
+        # the tiles any row attends: below the highest row's position (its own slot too under mask_own_slot)
         reach = functools.reduce(jnp.maximum, [pos_s[b] for b in range(B)])
         live = jax.lax.div(reach + (TS if kn.mask_own_slot else TS - 1), TS)  # reach >= 0: floor division
         # the lowest row's position: a sliding layer's tiles before its window are never read
@@ -184,7 +194,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                     run(chunk_copies(l, 0), True)  # the MLP's first chunk loads under the attention
 
             for t in range(attention.n_tiles(spec) if windowed else 1):
-                @pl.when((first == t) & (t < live) & ((kind < 2) if hybrid else True))
+                @pl.when((first == t) & (t < live) & ((kind < CACHE_CODES) if hybrid else True))
                 def _(t=t):
                     run(kv_tile(t), True)  # the first tile loads under the QKV projection
 
@@ -223,8 +233,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 wdt = b_["wk"].dtype  # kv_bf16_slot: the written slot rounded to the weights' dtype (no-op in f32)
                 rounded = (lambda y: ops.round_to(y, wdt)) if kn.new_kv_in_weights_dtype else (lambda y: y)
                 # staged in VMEM for the write-back DMA after the last layer
-                newk[pl.ds(a, 1)] = rounded(k).reshape(1, B, K, 1, hd).astype(kvd)
-                newv[pl.ds(a, 1)] = rounded(v).reshape(1, B, K, 1, hd).astype(kvd)
+                newk[pl.ds(a, 1)] = rounded(k).reshape(1, B, Kc, 1, dkc).astype(kvd)
+                newv[pl.ds(a, 1)] = rounded(v).reshape(1, B, Kc, 1, dvc).astype(kvd)
                 attn_buf[...] = attention.attend(spec, q, k, v, pos_v[...], sliding, first, live, kv_tile, kbufs,
                                                  vbufs, b_["sinks"][...] if c.attn_sinks else None)
                 out = attn_buf[...]
@@ -242,19 +252,24 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                     o = o + b_["bo"][...]
                 x_out[...] = x + post(o, "post_attn_norm")  # Gemma: each branch normed before its residual add
 
-            if hybrid:
-                pl.when(kind < 2)(attention_layer)
+            def mla_layer():
+                q, k, v = mla.project(c, {key: b_[key][...] for key in xk}, h)
+                k, v = ops.round_to(k, kvd), ops.round_to(v, kvd)
+                newk[pl.ds(a, 1)] = k.reshape(1, B, Kc, 1, dkc).astype(kvd)
+                newv[pl.ds(a, 1)] = v.reshape(1, B, Kc, 1, dvc).astype(kvd)
+                out = attention.attend(spec, q, k, v, pos_v[...], False, 0, live, kv_tile, kbufs, vbufs, None, True)
+                x_out[...] = x + mla.output(c, {key: b_[key][...] for key in xk}, h, out)
 
-                @pl.when(kind == 2)
-                def _():
-                    out, hist, st = recurrent.layer(c, {k: b_[k][...] for k in gk}, h, sbuf[s][0][...],
-                                                    sbuf[s][1][...], kn, eps)
-                    sbuf[s][0][...], sbuf[s][1][...] = hist, st
-                    run(state_copy(a, s, True), True)  # waited for before the slot is reused (settle)
-                    pending[s] = 1
-                    x_out[...] = x + post(out, "post_attn_norm")
-            else:
-                attention_layer()
+            def recurrent_layer(r, name):
+                hist, st = sbuf[s][2 * r], sbuf[s][2 * r + 1]
+                out, hist[...], st[...] = recurrent.layer(c, name, {k: b_[k][...] for k in recurrent.keys(c, name)},
+                                                          h, hist[...], st[...], kn, eps)
+                run(state_copy(r, a, s, True), True)  # waited for before the slot is reused (settle)
+                pending[s] = r + 1
+                x_out[...] = x + post(out, "post_attn_norm")
+
+            branch(kind, ([("attention", attention_layer)] if ak else []) + ([("mla", mla_layer)] if xk else [])
+                   + [(n, functools.partial(recurrent_layer, r, n)) for r, n in enumerate(rk)])
             x = x_out[...]
             h = ops.rmsnorm(x, b_["mlp_norm"][...], eps)
             keep = (l != spec.fault_layer) if kn.drop_layer else True
@@ -319,7 +334,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                     guarded(j + 1, True)
                 e = eids[0, j]
                 g = jnp.sum(jnp.where(iota == e, gates, 0.0), axis=-1, keepdims=True)  # [B, 1]: gates[:, e]
-                e_ = mxfp4.dense_expert({k: r[...] for k, r in ebuf[j % 2].items()}, b_["wo"].dtype,
+                e_ = mxfp4.dense_expert({k: r[...] for k, r in ebuf[j % 2].items()}, mode_dtype(b_),
                                         kn.mxfp4_nibbles_swapped)  # MXFP4 experts dequantised here, in VMEM
                 out = ops.expert(h, e_, c.expert_act, c.swiglu_alpha, c.swiglu_limit)
                 y = jnp.where(e < E, y + g * out, y)  # an unused slot's buffer is never read into y
@@ -355,46 +370,4 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 write_back.append(cp)
         run(write_back, False)
 
-    return _call(spec, kernel, hbm, streamed + ek + dk, table, x, pos, k_cache, v_cache, rope, state)
-
-
-def _call(spec: KernelSpec, kernel, hbm: dict, keys: tuple, table, x, pos, k_cache, v_cache, rope, state):
-    """The pallas_call: its inputs in the kernel's order, the scratch it declares (what the VMEM budget counts)."""
-    c = spec.config
-    B, D, L, K, hd, H, nb = spec.batch, c.hidden, c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads, spec.n_buffers
-    La, kvd = len(c.attn_layers), jnp.dtype(spec.kv_dtype)
-    streamed, ek, dk = streamed_keys(c), expert_keys(c, spec.experts), dense_keys(c)
-    any_spec = pl.BlockSpec(memory_space=pl.ANY)
-    vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
-    smem = pl.BlockSpec(memory_space=pltpu.SMEM)
-    n_state = len(state)
-    in_specs = [smem, smem] + [vmem] * 6 + [any_spec] * (len(keys) + 2 + n_state)
-    out_specs = (vmem, any_spec, any_spec, vmem) + (any_spec,) * n_state
-    n_in = len(in_specs)
-    scratch = [pltpu.VMEM(hbm[k].shape[1:], hbm[k].dtype) for _ in range(nb) for k in streamed]
-    scratch += [pltpu.SemaphoreType.DMA((nb, len(streamed))),
-                *[pltpu.VMEM((B, K, spec.tile, hd), kvd) for _ in range(4)],  # K and V tiles, 2 slots each
-                pltpu.SemaphoreType.DMA((2, 2)), pltpu.SemaphoreType.DMA((2, B)),
-                pltpu.VMEM((B, H * hd), F32),
-                pltpu.VMEM((La, B, K, 1, hd), kvd), pltpu.VMEM((La, B, K, 1, hd), kvd)]
-    if ek:  # two routed-expert slots, the chosen ids (lanes), their semaphores
-        n_slots = expert_slots(spec)
-        scratch += [pltpu.VMEM(hbm[k].shape[2:], hbm[k].dtype) for _ in range(2) for k in ek]
-        scratch += [pltpu.VMEM((1, max(128, n_slots)), jnp.int32), pltpu.SemaphoreType.DMA((2, len(ek)))]
-    if dk:  # two MLP chunk slots and their semaphores
-        scratch += [pltpu.VMEM(hbm[k].shape[2:], hbm[k].dtype) for _ in range(2) for k in dk]
-        scratch += [pltpu.SemaphoreType.DMA((2, 3))]
-    if state:  # a GDN state pair per weight slot, their read and write semaphores, the write-backs out
-        scratch += [pltpu.VMEM(a.shape[1:], a.dtype) for _ in range(nb) for a in state]
-        scratch += [pltpu.SemaphoreType.DMA((nb, 4)), pltpu.SMEM((nb,), jnp.int32)]
-    out_shape = (jax.ShapeDtypeStruct((B, D), F32), jax.ShapeDtypeStruct(k_cache.shape, kvd),
-                 jax.ShapeDtypeStruct(v_cache.shape, kvd),
-                 jax.ShapeDtypeStruct((L if spec.want_taps else 1, B, D), F32),
-                 *[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in state])
-    aliases = {n_in - 2 - n_state + j: 1 + j for j in range(2)} | {n_in - n_state + j: 4 + j for j in range(n_state)}
-    call = pl.pallas_call(kernel, out_shape=out_shape, in_specs=in_specs, out_specs=out_specs,
-                          scratch_shapes=scratch, input_output_aliases=aliases,
-                          interpret=spec.interpret, name="decode_megakernel",
-                          compiler_params=pltpu.CompilerParams(vmem_limit_bytes=spec.vmem_limit))
-    return call(pos, jnp.asarray(table, jnp.int32), x, pos[:, None], *[rope[k] for k in ROPE_KEYS],
-                *[hbm[k] for k in keys], k_cache, v_cache, *state)
+    return pallas_call(spec, kernel, hbm, streamed + ek + dk, table, x, pos, k_cache, v_cache, rope, state)

@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 
 from engines.config import Config
-from engines.megakernel import mxfp4, ops, recurrent
-from engines.megakernel.spec import expert_keys, gdn_keys, unchunked
+from engines.megakernel import mla, mxfp4, ops, recurrent
+from engines.megakernel.spec import cache_dims, cache_shapes, expert_keys, mla_keys, mode_dtype, unchunked
 
 F32 = jnp.float32
 
@@ -20,7 +20,7 @@ F32 = jnp.float32
 def _attend(c: Config, q, k, v, visible, scale: float, sink):
     """Softmax attention of q [B, T, H, hd] over k, v [B, S, K, hd] where visible [T, S]; scores scaled, then
     soft-capped (Gemma 2) before the mask; sink [1, H, 1, 1]: gpt-oss's per-head logit in the denominator only."""
-    G = c.n_heads // c.n_kv_heads
+    G = q.shape[2] // k.shape[2]
     kr, vr = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)  # head h reads kv head h // G
     sc = ops.softcap(jnp.einsum("bqhd,bkhd->bhqk", q, kr, preferred_element_type=F32) * scale, c.attn_softcap)
     sc = jnp.where(visible, sc, -jnp.inf)
@@ -37,29 +37,28 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
                    lengths: jax.Array | None = None):
     """tokens [B, T] (right-padded; padding never reaches a real position, nor a GDN layer's state: lengths [B],
     the real tokens, None = all). Returns the residual stream after the last layer [B, T, D] float32, the state
-    (k_cache, v_cache [La, B, K, slots, hd] and, with GDN layers, their hist and S: engines.megakernel.recurrent)
+    (k_cache, v_cache [Lkv, B, heads, slots, width]: spec.cache_shapes; with linear-attention layers their hist and S
+    stacks: engines.megakernel.recurrent)
     and taps [L, B, T, D] (or None).
 
     prefix: a state of batch 1 (P slots), a prompt prefix every row shares, already prefilled: tokens are then
     the rows' own suffixes at positions P.., attending to the prefix's keys and their own (causally), the
     GDN layers continuing from its state, and the cache holds prefix then suffix."""
     B, T = tokens.shape
-    D, H, K, hd, L, La = c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.n_layers, len(c.attn_layers)
-    shift = ops.rope_shift(c)
+    D, H, hd, L = c.hidden, c.n_heads, c.head_dim, c.n_layers
+    Kc, dkc, dvc = cache_dims(c)
     P = 0 if prefix is None else prefix[0].shape[3]
     valid = jnp.arange(T)[None, :] < (jnp.full((B,), T) if lengths is None else lengths)[:, None]
-    if c.gdn_layers:  # each GDN layer's (hist, S), zeros or the prefix's
-        hs, ss = recurrent.state_shapes(c, B, len(c.gdn_layers))
-        hist, st = (jnp.zeros(hs, F32), jnp.zeros(ss, F32)) if prefix is None else \
-            (jnp.broadcast_to(prefix[2], hs), jnp.broadcast_to(prefix[3], ss))
+    # each recurrent layer's (hist, S) stacks by kind: zeros, or the prefix's
+    rec = [jnp.zeros(s, F32) if prefix is None else jnp.broadcast_to(prefix[2 + j], s)
+           for j, s in enumerate(recurrent.state(c, B))]
     x = embed[tokens].astype(F32).reshape(B * T, D) * ops.embed_scale(c)
     pos = P + jnp.tile(jnp.arange(T, dtype=jnp.int32), B)[:, None]  # [B*T, 1]
     kv = jnp.dtype(kv_dtype)  # the cache's storage; K/V are rounded to it before they are attended
-    kc = jnp.zeros((La, B, K, slots, hd), kv)
-    vc = jnp.zeros((La, B, K, slots, hd), kv)
+    kc, vc = (jnp.zeros(s, kv) for s in cache_shapes(c, B, slots))
     if prefix is not None:
-        kc = kc.at[:, :, :, :P].set(jnp.broadcast_to(prefix[0], (La, B, K, P, hd)))
-        vc = vc.at[:, :, :, :P].set(jnp.broadcast_to(prefix[1], (La, B, K, P, hd)))
+        kc = kc.at[:, :, :, :P].set(jnp.broadcast_to(prefix[0], (*kc.shape[:3], P, dkc)))
+        vc = vc.at[:, :, :, :P].set(jnp.broadcast_to(prefix[1], (*vc.shape[:3], P, dvc)))
     qpos, kpos = P + jnp.arange(T)[:, None], jnp.arange(P + T)[None, :]
     causal = qpos >= kpos  # [Tq, P + Tk]: every prefix key, own causally
     local = causal & (kpos > qpos - c.sliding_window)  # a sliding layer's window
@@ -69,41 +68,59 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     taps = []
     for l in range(L):
         h = ops.rmsnorm(x, hbm["attn_norm"][l], c.rms_eps)
-        if c.kind(l) == "gdn":
-            g = c.gdn_layers.index(l)
-            out, hg, sg = recurrent.prefill(c, {k: hbm[k][g] for k in gdn_keys(c)}, h.reshape(B, T, D), hist[g],
-                                            st[g], valid, c.rms_eps)
-            hist, st = hist.at[g].set(hg), st.at[g].set(sg)
+        if c.kind(l) in recurrent.RECURRENT_KINDS:
+            kind, r = c.kind(l), 2 * recurrent.kinds(c).index(c.kind(l))
+            g = sum(c.kind(j) == kind for j in range(l))  # the layer's index in its kind's stacks
+            out, hg, sg = recurrent.prefill(c, kind, {k: hbm[k][g] for k in recurrent.keys(c, kind)},
+                                            h.reshape(B, T, D), rec[r][g], rec[r + 1][g], valid, c.rms_eps)
+            rec[r], rec[r + 1] = rec[r].at[g].set(hg), rec[r + 1].at[g].set(sg)
             x = _mlp(c, hbm, x + post(out.reshape(B * T, D), "post_attn_norm", l), l, experts, post, gelu)
             taps.append(x.reshape(B, T, D))
             continue
-        sliding, a = c.kind(l) == "sliding", c.attn_layers.index(l)  # a: the layer's index in the attention stacks
-        row = 1 if sliding else 0  # the layer kind's RoPE frequencies and score factor
-        scale = ((c.query_scale or hd) ** -0.5) * ops.rope_freqs(c, c.kind(l))[1]
-        q, k, v = ops.mm(h, hbm["wq"][a]), ops.mm(h, hbm["wk"][a]), ops.mm(h, hbm["wv"][a])
-        if c.attn_bias:
-            q, k, v = q + hbm["bq"][a], k + hbm["bk"][a], v + hbm["bv"][a]
-        if c.qk_norm:
-            q = ops.rmsnorm(q.reshape(-1, hd), hbm["q_norm"][a], c.rms_eps).reshape(B * T, H * hd)
-            k = ops.rmsnorm(k.reshape(-1, hd), hbm["k_norm"][a], c.rms_eps).reshape(B * T, K * hd)
-        q = ops.rope(q, pos, rope["first_q"], rope["freq_q"][row:row + 1], shift).reshape(B, T, H, hd)
-        k = ops.rope(k, pos, rope["first_k"], rope["freq_k"][row:row + 1], shift).reshape(B, T, K, hd)
-        k, v = ops.round_to(k, kv), ops.round_to(v.reshape(B, T, K, hd), kv)
+        sliding, a = c.kind(l) == "sliding", c.kv_layers.index(l)  # a: the layer's index in the KV cache
+        if c.kind(l) == "mla":  # the expanded per-head form: K = H heads, keys n + r wide
+            xw = {key: hbm[key][a] for key in mla_keys(c)}
+            q, k, v = mla.project(c, xw, h)
+            q, k, v = q.reshape(B, T, Kc, dkc), k.reshape(B, T, Kc, dkc), v.reshape(B, T, Kc, dvc)
+            scale, sink = dkc ** -0.5, None
+        else:
+            q, k, v = _qkv(c, hbm, rope, h, pos, a, sliding, B, T)
+            scale = ((c.query_scale or hd) ** -0.5) * ops.rope_freqs(c, c.kind(l))[1]
+            sink = hbm["sinks"][a].reshape(1, H, 1, 1) if c.attn_sinks else None
+        k, v = ops.round_to(k, kv), ops.round_to(v, kv)
         kc = kc.at[a, :, :, P:P + T].set(k.transpose(0, 2, 1, 3).astype(kv))
         vc = vc.at[a, :, :, P:P + T].set(v.transpose(0, 2, 1, 3).astype(kv))
-        if prefix is not None:  # keys and values of the prefix, then the rows' own: [B, P + T, K, hd]
+        if prefix is not None:  # keys and values of the prefix, then the rows' own: [B, P + T, heads, width]
             pk, pv = (prefix[j][a].transpose(0, 2, 1, 3).astype(F32) for j in (0, 1))
-            k = jnp.concatenate([jnp.broadcast_to(pk, (B, P, K, hd)), k], axis=1)
-            v = jnp.concatenate([jnp.broadcast_to(pv, (B, P, K, hd)), v], axis=1)
-        sink = hbm["sinks"][a].reshape(1, H, 1, 1) if c.attn_sinks else None
-        o = _attend(c, q, k, v, local if sliding else causal, scale, sink).reshape(B * T, H * hd)
-        if c.attn_out_gate:  # Qwen3-Next: each head's output times sigmoid of its gate
-            o = o * jax.nn.sigmoid(ops.mm(h, hbm["wg"][a]))
-        o = ops.mm(o, hbm["wo"][a])
-        x = _mlp(c, hbm, x + post(o + hbm["bo"][a] if c.o_bias else o, "post_attn_norm", l), l, experts, post, gelu)
+            k = jnp.concatenate([jnp.broadcast_to(pk, (B, P, *pk.shape[2:])), k], axis=1)
+            v = jnp.concatenate([jnp.broadcast_to(pv, (B, P, *pv.shape[2:])), v], axis=1)
+        o = _attend(c, q, k, v, local if sliding else causal, scale, sink).reshape(B * T, -1)
+        if c.kind(l) == "mla":
+            o = mla.output(c, xw, h, o)
+        else:
+            if c.attn_out_gate:  # Qwen3-Next: each head's output times sigmoid of its gate
+                o = o * jax.nn.sigmoid(ops.mm(h, hbm["wg"][a]))
+            o = ops.mm(o, hbm["wo"][a])
+            o = o + hbm["bo"][a] if c.o_bias else o
+        x = _mlp(c, hbm, x + post(o, "post_attn_norm", l), l, experts, post, gelu)
         taps.append(x.reshape(B, T, D))
-    state = (kc, vc) + ((hist, st) if c.gdn_layers else ())
+    state = (kc, vc, *rec)
     return x.reshape(B, T, D), state, (jnp.stack(taps) if want_taps else None)
+
+
+def _qkv(c: Config, hbm: dict, rope: dict, h, pos, a: int, sliding: bool, B: int, T: int):
+    """Attention layer a's q [B, T, H, hd] and k, v [B, T, K, hd] of normed inputs h [B*T, D] at positions pos."""
+    H, K, hd, row = c.n_heads, c.n_kv_heads, c.head_dim, 1 if sliding else 0  # row: the kind's RoPE frequencies
+    q, k, v = ops.mm(h, hbm["wq"][a]), ops.mm(h, hbm["wk"][a]), ops.mm(h, hbm["wv"][a])
+    if c.attn_bias:
+        q, k, v = q + hbm["bq"][a], k + hbm["bk"][a], v + hbm["bv"][a]
+    if c.qk_norm:
+        q = ops.rmsnorm(q.reshape(-1, hd), hbm["q_norm"][a], c.rms_eps).reshape(B * T, H * hd)
+        k = ops.rmsnorm(k.reshape(-1, hd), hbm["k_norm"][a], c.rms_eps).reshape(B * T, K * hd)
+    shift = ops.rope_shift(c)
+    q = ops.rope(q, pos, rope["first_q"], rope["freq_q"][row:row + 1], shift).reshape(B, T, H, hd)
+    k = ops.rope(k, pos, rope["first_k"], rope["freq_k"][row:row + 1], shift).reshape(B, T, K, hd)
+    return q, k, v.reshape(B, T, K, hd)
 
 
 def _mlp(c: Config, hbm: dict, x, l: int, experts: str, post, gelu: bool):
@@ -117,7 +134,7 @@ def _mlp(c: Config, hbm: dict, x, l: int, experts: str, post, gelu: bool):
                              router=c.router, top_k=c.top_k, norm_topk=c.norm_topk, scale=c.routed_scale)
     y = jnp.zeros_like(x)
     for e in range(c.n_experts):
-        ex = mxfp4.dense_expert({k: hbm[k][m, e] for k in expert_keys(c, experts)}, hbm["wo"].dtype)
+        ex = mxfp4.dense_expert({k: hbm[k][m, e] for k in expert_keys(c, experts)}, mode_dtype(hbm))
         y = y + gates[:, e:e + 1] * ops.expert(h, ex, c.expert_act, c.swiglu_alpha, c.swiglu_limit)
     if c.n_shared_experts:
         shared = ops.swiglu(h, hbm["s_gate"][m], hbm["s_up"][m], hbm["s_down"][m])

@@ -10,9 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from engines.config import Config
-from engines.megakernel import ops
+from engines.megakernel import ops, recurrent
 from engines.megakernel.faults import Knobs
-from engines.megakernel.recurrent import GDN_KEYS
 
 
 def layer_keys(c: Config) -> tuple[str, ...]:
@@ -29,27 +28,60 @@ def attn_keys(c: Config) -> tuple[str, ...]:
             + (("sinks",) if c.attn_sinks else ()) + (("wg",) if c.attn_out_gate else ()))
 
 
-def gdn_keys(c: Config) -> tuple[str, ...]:
-    """A Gated DeltaNet layer's arrays ([Lg] stacks, in the engine's fused layout: engines.megakernel.recurrent)."""
-    return GDN_KEYS if c.gdn_layers else ()
-
-
-def gdn_shapes(c: Config) -> dict[str, tuple[int, ...]]:
-    """One GDN layer's arrays as the kernel streams them (vectors as one row)."""
-    D, Hv, dv, C = c.hidden, c.gdn_v_heads, c.gdn_v_dim, c.gdn_conv_dim
-    return {"gdn_qkv": (D, C), "gdn_z": (D, Hv * dv), "gdn_ba": (D, 2 * Hv), "gdn_conv": (c.gdn_conv, C),
-            "gdn_A_log": (1, Hv), "gdn_dt_bias": (1, Hv), "gdn_norm": (1, dv), "gdn_out": (Hv * dv, D)}
+def recurrent_keys(c: Config) -> tuple[str, ...]:
+    """The linear-attention layers' arrays ([n] stacks per kind, in the engine's fused layout:
+    engines.megakernel.recurrent)."""
+    return tuple(k for kind in recurrent.kinds(c) for k in recurrent.keys(c, kind))
 
 
 # Layer kinds in the kernel's SMEM table (row 0; row 1 holds the layer's index in its kind's stacks)
-KIND_CODES = {"full": 0, "sliding": 1, "gdn": 2}
+KIND_CODES = {"full": 0, "sliding": 1, "mla": 2, "gdn": 3, "kda": 4}
+ATTENTION_CODES = 2  # codes below this are (grouped-query) attention layers
+CACHE_CODES = 3  # codes below this read a KV cache (attention and MLA layers)
+
+
+def stack(c: Config, layer: int) -> str:
+    """The weight stacks a layer's mixer indexes: "attention" (full and sliding share them) or its kind's."""
+    return "attention" if c.kind(layer) in ("full", "sliding") else c.kind(layer)
+
+
+def cache_dims(c: Config) -> tuple[int, int, int]:
+    """(heads, key width, value width) of the KV cache: the attention layers' (K, hd, hd), or the MLA layers'
+    (H, n + r, v) in the expanded per-head form (a model has one or the other: engines.megakernel.checks)."""
+    if c.mla_layers:
+        return c.n_heads, c.mla_nope_dim + c.mla_rope_dim, c.mla_v_dim
+    return c.n_kv_heads, c.head_dim, c.head_dim
+
+
+def kv_layers(c: Config) -> int:
+    """The layers with a KV cache (the cache's leading axis)."""
+    return len(c.kv_layers)
+
+
+def mode_dtype(arrays: dict):
+    """The weights' dtype in this mode: a mixer's output projection's (every model has one of them)."""
+    return next(arrays[k].dtype for k in ("wo", "mla_o", "gdn_out", "kda_out") if k in arrays)
+
+
+def cache_shapes(c: Config, batch: int, slots: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The K and V caches: [Lkv, B, heads, slots, key width] and [.., value width]."""
+    K, dk, dv = cache_dims(c)
+    return (kv_layers(c), batch, K, slots, dk), (kv_layers(c), batch, K, slots, dv)
+
+
+def mla_keys(c: Config) -> tuple[str, ...]:
+    """An MLA layer's arrays ([Lx] stacks)."""
+    if not c.mla_layers:
+        return ()
+    q = ("mla_qa", "mla_q_norm", "mla_qb") if c.mla_q_rank else ("mla_q",)
+    return q + ("mla_kva", "mla_kv_norm", "mla_kvb", "mla_o") + (("mla_g",) if c.mla_out_gate else ())
 
 # Config fields away from the Llama/DeepSeek defaults that the kernel implements (Config.features names them):
 # Qwen2's biases, Gemma 2/3's and gpt-oss's layers, Qwen3-Next's Gated DeltaNet hybrid
 SUPPORTED_FEATURES = ("attn_bias", "o_bias", "layer_kinds (sliding)", "sliding_window", "rope_theta_local",
                       "rope_scaling", "norm_style", "post_norms", "mlp_act", "embed_scale", "query_scale",
                       "attn_softcap", "final_softcap", "attn_sinks", "expert_act", "expert_bias",
-                      "layer_kinds (gdn)", "attn_out_gate", "rotary_dim", "shared_expert_gate")
+                      "attn_out_gate", "rotary_dim", "shared_expert_gate")
 # RMSNorm weights: Gemma's (1 + w) is folded in as the arrays are placed (the kernel's norms then all scale by w)
 NORM_KEYS = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm", "final_norm")
 
@@ -88,7 +120,7 @@ def expert_keys(c: Config, experts: str = "dense") -> tuple[str, ...]:
 def streamed_keys(c: Config) -> tuple[str, ...]:
     """The per-layer weight stacks the kernel streams from HBM a layer at a time, in its order (the dense MLP
     streams in column chunks, the routed experts one by one)."""
-    return layer_keys(c) + attn_keys(c) + gdn_keys(c) + moe_keys(c)
+    return layer_keys(c) + attn_keys(c) + mla_keys(c) + recurrent_keys(c) + moe_keys(c)
 
 
 # The dense MLP streams through VMEM in chunks of its hidden columns (gate and up columns, down rows), two chunk
@@ -118,7 +150,7 @@ EXPERT_VECTORS = ("e_gate_b", "e_up_b", "e_down_b")  # an expert's biases: vecto
 def hbm_dtype(key: str, dtype: str, rank: int = 2) -> str:
     """A streamed array's dtype in the mode `dtype` (bf16 mode: bf16 matrices; vectors, i.e. norms and biases of
     per-layer rank 1, and the router float32; MXFP4 codes and scales bytes)."""
-    if key.endswith(("_q", "_s")):
+    if key.startswith("e_") and key.endswith(("_q", "_s")):  # MXFP4 expert codes and scales (not mla_q)
         return "uint8"
     return "float32" if key in KEEP_F32 or rank == 1 else dtype
 
@@ -129,11 +161,12 @@ def hbm_arrays(w, dtype: str, experts: str = "dense") -> dict:
     from engines.megakernel import mxfp4
 
     out = {}
-    if w.config.gdn_layers:  # q|k|v and b|a fused, the conv taps-major (channels in lanes), vectors as rows
-        a = w.arrays
-        out["gdn_qkv"] = jnp.asarray(np.concatenate([a["gdn_q"], a["gdn_k"], a["gdn_v"]], -1), jnp.dtype(dtype))
-        out["gdn_ba"] = jnp.asarray(np.concatenate([a["gdn_b"], a["gdn_a"]], -1), jnp.dtype(dtype))
-        out["gdn_conv"] = jnp.asarray(a["gdn_conv"].transpose(0, 2, 1), jnp.dtype(dtype))
+    a, dt = w.arrays, jnp.dtype(dtype)
+    for kind in recurrent.kinds(w.config):  # q|k|v (and GDN's b|a) fused, the conv taps-major, vectors as rows
+        out[f"{kind}_qkv"] = jnp.asarray(np.concatenate([a[f"{kind}_{x}"] for x in "qkv"], -1), dt)
+        out[f"{kind}_conv"] = jnp.asarray(a[f"{kind}_conv"].transpose(0, 2, 1), dt)
+    if w.config.gdn_layers:
+        out["gdn_ba"] = jnp.asarray(np.concatenate([a["gdn_b"], a["gdn_a"]], -1), dt)
     for k in expert_keys(w.config, experts):
         if k.endswith("_q"):
             out[k], out[k[:-2] + "_s"] = (jnp.asarray(a) for a in mxfp4.encode(w.arrays[k[:-2]], k[:-2]))

@@ -73,13 +73,13 @@ def test_teacher_forced_bf16(engines, name, batch, request):
     assert (ref.argmax(-1) == got.argmax(-1))[decisive].all()
 
 
-# bfloat16 in CI on mini-gptoss (its routing under the recipe) and mini-qwen-hybrid (its GDN layers); the other
+# bfloat16 in CI on mini-gptoss (its routing under the recipe) and the linear-attention hybrids; the other
 # families' bf16 cases are heavy, and Qwen3-Next's MoE variant (a gated shared expert) too
-IN_CI_BF16 = ("mini-gptoss", "mini-qwen-hybrid")
+IN_CI_BF16 = ("mini-gptoss", "mini-qwen-hybrid", "mini-kimi-linear")
 FAMILY_CASES = [pytest.param(n, d, b, marks=[] if (d == "float32" or n in IN_CI_BF16) and n != "mini-qwen-next-moe"
                              else [pytest.mark.heavy])
                 for n in ("mini-qwen2", "mini-gemma2", "mini-gemma3", "mini-gptoss", "mini-qwen-hybrid",
-                          "mini-qwen-next-moe")
+                          "mini-qwen-next-moe", "mini-kimi-linear")
                 for d, b in (("float32", F32_LOGIT_TOL), ("bfloat16", BF16_LOGIT_TOL))]
 
 
@@ -90,10 +90,11 @@ def test_family_layers_teacher_forced(name, dtype, bound):
     windows, 1 + w norms, post-norms, GeGLU, embedding and query scales; Gemma 3's QK norms and sliding layers with
     their own RoPE base beside linear-scaled full layers; gpt-oss's sinks, biases, YaRN, sliding windows, biased
     softmax router and clamped-GLU experts with biases; Qwen3-Next's Gated DeltaNet layers (state carried across
-    the 17 kernel steps), gated attention output and partial RoPE, and its MoE variant's gated shared expert.
-    Measured max |Δlogit| in f32 (bf16 against the declared recipe): mini-qwen2 5.7e-6 (0.085 against the f32
-    reference), mini-qwen-hybrid 3.5e-5 (0: bitwise), mini-qwen-next-moe 2.7e-5 (0.023); the others in the printed
-    line."""
+    the 17 kernel steps), gated attention output and partial RoPE, and its MoE variant's gated shared expert; Kimi
+    Linear's KDA layers (a decay per key channel) and NoPE MLA (keys n + r wide, values v wide, in the cache's
+    expanded per-head form). Measured max |Δlogit| in f32 (bf16 against the declared recipe): mini-qwen2 5.7e-6 (0.085
+    against the f32 reference), mini-qwen-hybrid 3.5e-5 (0: bitwise), mini-qwen-next-moe 2.7e-5 (0.023),
+    mini-kimi-linear 9.5e-6 (0.0065); the others in the printed line."""
     from evalsuite.models import load_model
 
     m = load_model(name)
@@ -228,11 +229,12 @@ def test_unwritten_cache_slots_never_reach_the_output(mini_moe, interpret):
     np.testing.assert_array_equal(poisoned, step(kc, vc))
 
 
-@pytest.mark.parametrize("name", ["mini-llama", "mini-moe", "mini-qwen-hybrid"])
+@pytest.mark.parametrize("name", ["mini-llama", "mini-moe", "mini-qwen-hybrid", "mini-kimi-linear"])
 def test_tpu_interpret_mode_has_no_races(name):
     """Full kernel in TPU interpret mode (DMAs simulated eagerly, race detector on): no race, and
-    the same numbers as the generic interpreter. mini-qwen-hybrid: GDN layers' state read with the weights into
-    a buffer slot and written back from it, waited for before the slot is reused."""
+    the same numbers as the generic interpreter. The hybrids: a GDN or KDA layer's state read with its weights into
+    a buffer slot and written back from it, waited for before the slot is reused; MLA's K and V tiles of two
+    widths."""
     from evalsuite.models import load_model
 
     m = load_model(name)
@@ -309,7 +311,8 @@ CROSSING = [126, 30]  # row 0 runs from position 126 to 142: windows of 128 and 
 
 BF16_ONLY = [f for f in FAULTS if BY_NAME[f].needs.startswith("bf16")]  # one extra rounding: a float32 no-op
 FAMILY_MINI = {"sliding": "mini-gemma2", "softcap": "mini-gemma2", "sinks": "mini-gptoss", "mxfp4": "mini-gptoss",
-               "gdn": "mini-qwen-hybrid"}
+               "recurrent": "mini-qwen-hybrid", "kda": "mini-kimi-linear",
+               "mla": "mini-kimi-linear"}
 # Gemma 2's cap is 50: a masked slot capped to -50 weighs e^-50 (2e-22) of the largest score's, nothing in float32.
 # l2_eps_outside: 1e-6 outside the root instead of inside moves mini-qwen-hybrid's logits by 6.8e-5 at most (its q
 # and k have sums of squares far above 1e-6), twice the faithful kernel's own 3.5e-5 against the reference: under

@@ -47,17 +47,20 @@ def check_lowered(eng: MegakernelEngine, batch: int, window: int, want_taps: boo
     assert vmem == b.declared, (batch, window, vmem, b.declared)  # the budget counts what Mosaic is asked for
     assert k.vmem_limit_bytes == b.limit  # and passes its limit
     c = eng.config
-    assert k.ops["tpu.dynamic_rotate"] > 0  # RoPE by lane rotation, its tables one row each (no permutation matrix)
+    # RoPE by lane rotation, its tables one row each (no permutation matrix); Kimi's MLA layers have no RoPE
+    assert k.ops["tpu.dynamic_rotate"] > 0 or not c.attn_layers
     # first and freq (full, sliding) rows of q, then of k
     assert [a[0] for a in k.args[4:8]] == [(n, h * c.head_dim) for h in (c.n_heads, c.n_kv_heads) for n in (1, 2)]
     return spec, k
 
 
 # dense, MoE, Qwen2's biases, Gemma 2's soft-caps and windows, Gemma 3's two RoPEs, gpt-oss's sinks and experts,
-# Qwen3-Next's GDN layers (and their state), gated attention and partial RoPE, its MoE variant's gated shared expert
-FAMILIES = ("mini-qwen2", "mini-gemma2", "mini-gemma3", "mini-gptoss", "mini-qwen-hybrid", "mini-qwen-next-moe")
+# Qwen3-Next's GDN layers (and their state), gated attention and partial RoPE, its MoE variant's gated shared expert,
+# Kimi Linear's KDA layers and NoPE MLA
+FAMILIES = ("mini-qwen2", "mini-gemma2", "mini-gemma3", "mini-gptoss", "mini-qwen-hybrid", "mini-qwen-next-moe",
+            "mini-kimi-linear")
 # in bfloat16, CI lowers these families (the others' bf16 builds differ only in dtypes: the heavy cross product)
-BF16_FAMILIES = ("mini-gptoss", "mini-qwen-hybrid")
+BF16_FAMILIES = ("mini-gptoss", "mini-kimi-linear")
 
 
 def _engines(dtype: str, names, mini_llama, mini_moe):

@@ -80,7 +80,8 @@ IN_CI = {("bfloat16", "bf16_residual"), ("bfloat16", "final_norm_eps"), ("bfloat
 # a family fault's mini (engines.megakernel.faults.MODEL_NEEDS); softcap_after_mask is benign at Gemma 2's cap of 50
 # (a masked slot weighs e^-50: test_kernel measures it under the float32 bound), so its diff must not FAIL
 FAMILY_MINI = {"sliding": "mini-gemma2", "softcap": "mini-gemma2", "sinks": "mini-gptoss", "mxfp4": "mini-gptoss",
-               "gdn": "mini-qwen-hybrid"}
+               "recurrent": "mini-qwen-hybrid", "kda": "mini-kimi-linear",
+               "mla": "mini-kimi-linear"}
 # l2_eps_outside moves mini-qwen-hybrid's logits by 6.8e-5 at most, under the float32 noise (test_kernel's BENIGN)
 BENIGN = {"softcap_after_mask", "l2_eps_outside"}
 BF16_ONLY = {f for f in FAULTS if BY_NAME[f].needs.startswith("bf16")}  # a no-op in float32 (test_kernel)
