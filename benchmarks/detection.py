@@ -270,7 +270,8 @@ def recheck(doc: dict, out: Path, names: list[str], a, progress) -> int:
 # A family's own faults (engines.megakernel.faults.MODEL_NEEDS) run on a mini of that family
 FAMILY_MODELS = {"sliding": "mini-gemma2", "softcap": "mini-gemma2", "sinks": "mini-gptoss", "mxfp4": "mini-gptoss",
                  "recurrent": "mini-qwen-hybrid", "kda": "mini-kimi-linear",
-                 "mla": "mini-kimi-linear"}
+                 "mla": "mini-kimi-linear", "router_bias": "mini-kimi",
+                 "latent": "mini-kimi", "attn_res": "mini-kimi"}
 
 
 def main(argv=None) -> int:

@@ -158,6 +158,8 @@ def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
             Item("activations", "attention out", (B, H * hd), "float32"),
             Item("staging", "new K slots", (kv_layers(c), B, Kc, 1, dkc), spec.kv_dtype),
             Item("staging", "new V slots", (kv_layers(c), B, Kc, 1, dvc), spec.kv_dtype)]
+    if c.attn_res_block:  # K3: the depth mixture's finished blocks, an output of the kernel
+        out.append(Item("activations", "depth-mixture blocks", (-(-L // c.attn_res_block), B, D), "float32"))
     for kind in recurrent.kinds(c):  # each weight slot's state pair, read and written back from it
         hist, st = recurrent.state_shapes(c, kind, B)
         out += [Item("recurrent state", f"{kind.upper()} conv history", hist[1:], "float32", spec.n_buffers),

@@ -33,7 +33,8 @@ def pallas_call(spec: KernelSpec, kernel, hbm: dict, keys: tuple, table, x, pos,
     smem = pl.BlockSpec(memory_space=pltpu.SMEM)
     n_state = len(state)
     in_specs = [smem, smem] + [vmem] * 6 + [any_spec] * (len(keys) + 2 + n_state)
-    out_specs = (vmem, any_spec, any_spec, vmem) + (any_spec,) * n_state
+    NB = -(-L // c.attn_res_block) if c.attn_res_block else 0  # K3: the depth mixture's blocks, an output
+    out_specs = (vmem, any_spec, any_spec, vmem) + (any_spec,) * n_state + ((vmem,) if NB else ())
     n_in = len(in_specs)
     scratch = [pltpu.VMEM(hbm[k].shape[1:], hbm[k].dtype) for _ in range(nb) for k in streamed]
     scratch += [pltpu.SemaphoreType.DMA((nb, len(streamed))),
@@ -54,7 +55,8 @@ def pallas_call(spec: KernelSpec, kernel, hbm: dict, keys: tuple, table, x, pos,
     out_shape = (jax.ShapeDtypeStruct((B, D), F32), jax.ShapeDtypeStruct(k_cache.shape, kvd),
                  jax.ShapeDtypeStruct(v_cache.shape, kvd),
                  jax.ShapeDtypeStruct((L if spec.want_taps else 1, B, D), F32),
-                 *[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in state])
+                 *[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in state],
+                 *([jax.ShapeDtypeStruct((NB, B, D), F32)] if NB else []))
     aliases = {n_in - 2 - n_state + j: 1 + j for j in range(2)} | {n_in - n_state + j: 4 + j for j in range(n_state)}
     call = pl.pallas_call(kernel, out_shape=out_shape, in_specs=in_specs, out_specs=out_specs,
                           scratch_shapes=scratch, input_output_aliases=aliases,

@@ -60,6 +60,9 @@ class Knobs:
     l2_eps_outside: bool = _knob(False, "kernel")  # GDN: q and k normed by x / (sqrt(sum x^2) + eps)
     mla_scale_padded: bool = _knob(False, "kernel")  # MLA: scores scaled by the padded key width's ^-1/2
     kda_gate_per_head: bool = _knob(False, "kernel")  # KDA: each head's first channel's decay for all its channels
+    router_bias_in_weights: bool = _knob(False, "kernel")  # the sigmoid router's selection bias in the weights too
+    latent_norm_width: int = _knob(0, "kernel")  # K3: the latent MoE's norm divides by this width (0: the true one)
+    res_blocks_short: int = _knob(0, "kernel")  # K3: the depth mixtures read this many blocks too few
     topk_renormalized: bool = _knob(False, "head")  # top-k logprobs renormalised over the k ids
     topk_ranks_swapped: bool = _knob(False, "head")  # ranks 2 and 3 carry each other's ids
     stale_feedback: bool = _knob(False, "loop")  # each decode step fed the token of one step earlier
@@ -201,6 +204,17 @@ CATALOGUE = tuple(Fault(*f) for f in (
      "MLA scores are scaled by the key width padded to a power of two (mini: 32^-1/2 for 24^-1/2)",
      "a kernel that pads the nope + rope key to the lane width and scales by the padded width (K3: 256^-1/2 for "
      "192^-1/2)", "mla"),
+    ("router_bias_in_weights", Knobs(router_bias_in_weights=True),
+     "the sigmoid router's bias, which should only select the experts, also enters their weights",
+     "DeepSeek-V3 / Kimi's aux-loss-free bias added to the scores once, used for both the top-k and the gates",
+     "router_bias"),
+    ("latent_norm_padded", Knobs(latent_norm_width=128),
+     "the latent MoE's RMSNorm averages over the latent padded to 128 lanes, not its true width",
+     "a norm over a lane-padded buffer (K3's latent 3584 in 4096 lanes: the mean divided by 4096)", "latent"),
+    ("res_one_block_short", Knobs(res_blocks_short=1),
+     "the attention-residual depth mixtures leave out the newest finished block",
+     "an off-by-one in the block count of Kimi K3's attention residuals (the mixture over one block too few)",
+     "attn_res"),
     ("topk_renormalized", Knobs(topk_renormalized=True), "the reported top-k logprobs are renormalised over the k ids",
      "a server that returns top-k log-softmax over the top-k instead of the vocabulary (generate() only)"),
     ("topk_ids_swapped", Knobs(topk_ranks_swapped=True), "ranks 2 and 3 of the reported top-k carry each other's ids",
@@ -229,6 +243,10 @@ MODEL_NEEDS = {"moe": ("a MoE model", lambda c: c.family == "moe"),
                "recurrent": ("Gated DeltaNet or Kimi Delta Attention layers (Qwen3-Next, Qwen3.8, Kimi Linear, K3)",
                              lambda c: bool({"gdn", "kda"} & set(c.layer_kinds))),
                "kda": ("Kimi Delta Attention layers (Kimi Linear, K3)", lambda c: "kda" in c.layer_kinds),
+               "router_bias": ("a sigmoid router with a selection bias (DeepSeek-V3, Kimi)",
+                               lambda c: c.family == "moe" and c.router == "sigmoid"),
+               "latent": ("a latent MoE (Kimi K3)", lambda c: bool(c.moe_latent) and c.moe_latent_style == "k3"),
+               "attn_res": ("attention residuals (Kimi K3)", lambda c: bool(c.attn_res_block)),
                "mla": ("multi-head latent attention layers (Kimi Linear, K3)", lambda c: "mla" in c.layer_kinds)}
 SHOWS_WITH = {"": "any prompt", "moe": "MoE models",
               "sliding": "models with sliding-window layers, contexts past the window",
@@ -237,6 +255,8 @@ SHOWS_WITH = {"": "any prompt", "moe": "MoE models",
               "mxfp4": "MXFP4 experts (gpt-oss; the fault builds the engine with --engine-option experts=mxfp4)",
               "recurrent": "models with Gated DeltaNet or Kimi Delta Attention layers",
               "kda": "models with Kimi Delta Attention layers (Kimi Linear, K3)",
+              "router_bias": "MoE models with a sigmoid router's selection bias (DeepSeek-V3, Kimi)",
+              "latent": "a latent MoE (Kimi K3)", "attn_res": "attention residuals (Kimi K3)",
               "mla": "models with multi-head latent attention layers (Kimi Linear, K3)",
               "batch": "batch > 1, rows at different positions",
               "tiles": "contexts past 128 tokens",

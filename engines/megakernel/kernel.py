@@ -78,6 +78,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     table = [[KIND_CODES[c.kind(i)] for i in range(L)],  # row 0: a layer's kind; row 1: its index in its stacks
              [sum(stack(c, j) == stack(c, i) for j in range(i)) for i in range(L)]]
     windowed, win = attention.window(spec)
+    ares = c.attn_res_block  # K3's attention residuals: the stream is a depth mixture over blocks of ares layers
+    NB = -(-L // ares) if ares else 0
     kvd = jnp.dtype(spec.kv_dtype)
     assert k_cache.dtype == kvd and v_cache.dtype == kvd, (k_cache.dtype, spec.kv_dtype)
 
@@ -94,6 +96,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
         i += 4
         st_out = refs[i:i + 2 * len(rk)]
         i += len(st_out)
+        blocks = refs[i] if ares else None  # K3: this token's finished blocks [NB, B, D] (the depth mixture's)
+        i += 1 if ares else 0
         # One scratch buffer per (slot, array): a layer reads whole refs, never a slice of a
         # stacked [2, ...] buffer (in the generic interpreter that slice is an extra copy).
         nw = len(streamed)
@@ -172,6 +176,14 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
         # the lowest row's position: a sliding layer's tiles before its window are never read
         low = functools.reduce(jnp.minimum, [pos_s[b] for b in range(B)])
         x_out[...] = x_in[...]
+        if ares:
+            blocks[...] = jnp.zeros((NB, B, D), F32)
+
+        def stream(b_, key, n):
+            """A layer's input: the stream itself, or (K3) its depth mixture over n blocks and the prefix."""
+            x = x_out[...]
+            n = n - kn.res_blocks_short  # the fault: a block too few
+            return ops.depth_mix(b_[key][...], [blocks[j] for j in range(NB)], n, x, c.rms_eps) if ares else x
 
         def layer(l, s):
             """Layer l (traced) whose weights sit in buffer slot s (static: l % nb)."""
@@ -205,8 +217,14 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 settle(nxt)
                 fetch(l + 1, nxt, True)
 
+            a_ = max(ares, 1)  # blocks before the attention: ceil(l / ares); before the MLP: l // ares + 1
+            h = ops.rmsnorm(stream(b_, "res_attn", jax.lax.div(l + a_ - 1, a_)), b_["attn_norm"][...], eps)
+            if ares:  # a group starts: the prefix so far becomes a block, and restarts at zero
+                @pl.when(jax.lax.rem(l, ares) == 0)
+                def _():
+                    blocks[pl.ds(jax.lax.div(l, ares), 1)] = x_out[...][None]
+                    x_out[...] = jnp.zeros((B, D), F32)
             x = x_out[...]
-            h = ops.rmsnorm(x, b_["attn_norm"][...], eps)
             post = (lambda y, key: ops.rmsnorm(y, b_[key][...], eps)) if c.post_norms else (lambda y, key: y)
 
             def attention_layer():
@@ -271,7 +289,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             branch(kind, ([("attention", attention_layer)] if ak else []) + ([("mla", mla_layer)] if xk else [])
                    + [(n, functools.partial(recurrent_layer, r, n)) for r, n in enumerate(rk)])
             x = x_out[...]
-            h = ops.rmsnorm(x, b_["mlp_norm"][...], eps)
+            h = ops.rmsnorm(stream(b_, "res_mlp", jax.lax.div(l, a_) + 1), b_["mlp_norm"][...], eps)
             keep = (l != spec.fault_layer) if kn.drop_layer else True
 
             if Lm:
@@ -288,7 +306,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                         if j + 1 < n_chunks:
                             run(chunk_copies(l, j + 1), True)
                         cb = cbuf[j % 2]
-                        part = ops.swiglu(h, cb["gate"][...], cb["up"][...], cb["down"][...], gelu=gelu)
+                        part = ops.swiglu(h, cb["gate"][...], cb["up"][...], cb["down"][...], gelu=gelu,
+                                          k3=c.mlp_act == "situ")
                         y = part if y is None else y + part
                     x_out[...] = x + jnp.where(keep, post(y, "post_mlp_norm"), 0.0)
 
@@ -299,7 +318,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                     logits = jnp.dot(h, b_["router"][...], preferred_element_type=F32)  # [B, E]
                     gates = ops.pick_experts(logits, b_["router_bias"][...], router=c.router,
                                              top_k=c.top_k, norm_topk=c.norm_topk and not kn.moe_unnormalized,
-                                             scale=c.routed_scale, skip_first=kn.router_skip_first)
+                                             scale=c.routed_scale, skip_first=kn.router_skip_first,
+                                             bias_in_weights=kn.router_bias_in_weights)
                     x_out[...] = x + jnp.where(keep, post(routed_experts(l - Ld, h, gates, b_), "post_mlp_norm"), 0.0)
 
             if kn.bf16_residual:
@@ -323,11 +343,12 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                          for q, k in enumerate(ek)], start)
 
             guarded(0, True)
-            shared = ops.swiglu(h, b_["s_gate"][...], b_["s_up"][...], b_["s_down"][...]) if c.n_shared_experts \
-                else None
+            shared = ops.swiglu(h, b_["s_gate"][...], b_["s_up"][...], b_["s_down"][...], k3=c.expert_act == "situ") \
+                if c.n_shared_experts else None
+            xe = ops.mm(h, b_["latent_down"][...]) if c.moe_latent else h  # K3: the experts work in a latent
             if c.shared_expert_gate:  # Qwen3-Next: the shared expert times sigmoid(h . gate), one scalar a row
                 shared = shared * jax.nn.sigmoid(jnp.sum(h * b_["shared_gate"][...], axis=-1, keepdims=True))
-            y = jnp.zeros((B, D), F32)
+            y = jnp.zeros(xe.shape, F32)
             for j in range(n_slots):
                 guarded(j, False)
                 if j + 1 < n_slots:
@@ -336,8 +357,10 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 g = jnp.sum(jnp.where(iota == e, gates, 0.0), axis=-1, keepdims=True)  # [B, 1]: gates[:, e]
                 e_ = mxfp4.dense_expert({k: r[...] for k, r in ebuf[j % 2].items()}, mode_dtype(b_),
                                         kn.mxfp4_nibbles_swapped)  # MXFP4 experts dequantised here, in VMEM
-                out = ops.expert(h, e_, c.expert_act, c.swiglu_alpha, c.swiglu_limit)
+                out = ops.expert(xe, e_, c.expert_act, c.swiglu_alpha, c.swiglu_limit)
                 y = jnp.where(e < E, y + g * out, y)  # an unused slot's buffer is never read into y
+            if c.moe_latent:  # K3: the weighted sum normed over the latent's true width, then back up
+                y = ops.mm(ops.rmsnorm(y, b_["latent_norm"][...], eps, kn.latent_norm_width), b_["latent_up"][...])
             return y + shared if shared is not None else y
 
         if nb == 2:  # layers in pairs so that each one's buffer slot is static
@@ -370,4 +393,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 write_back.append(cp)
         run(write_back, False)
 
-    return pallas_call(spec, kernel, hbm, streamed + ek + dk, table, x, pos, k_cache, v_cache, rope, state)
+    out = pallas_call(spec, kernel, hbm, streamed + ek + dk, table, x, pos, k_cache, v_cache, rope, state)
+    if not ares:
+        return out
+    x, *rest, blocks = out  # K3: the final norm reads the depth mixture over every block and the prefix
+    return (ops.depth_mix(hbm["res_out"], [blocks[j] for j in range(NB)], NB, x, c.rms_eps), *rest)

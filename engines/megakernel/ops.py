@@ -47,9 +47,11 @@ def online_softmax_step(mla, scores, values):
             acc * alpha + jnp.einsum("nqk,nkd->nqd", pr, values, preferred_element_type=F32))
 
 
-def rmsnorm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
-    """x [N, D] float32, w [1, D] float32."""
-    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
+def rmsnorm(x: jax.Array, w: jax.Array, eps: float, width: int = 0) -> jax.Array:
+    """x [N, D] float32, w [1, D] float32; width: the mean's divisor where it is not D (the latent_norm_padded
+    fault's padded width)."""
+    ms = jnp.sum(x * x, axis=-1, keepdims=True) / width if width else jnp.mean(x * x, axis=-1, keepdims=True)
+    return x * jax.lax.rsqrt(ms + eps) * w
 
 
 def rope_freqs(c, kind: str, theta_factor: float = 1.0) -> tuple[np.ndarray, float]:
@@ -142,11 +144,40 @@ def gelu_tanh(a: jax.Array) -> jax.Array:
     return 0.5 * a * (1.0 + jnp.tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
 
 
-def swiglu(h: jax.Array, g: jax.Array, u: jax.Array, d: jax.Array, gelu: bool = False) -> jax.Array:
-    """act(h g) * (h u), then d; act SiLU, or tanh-GELU with gelu (Gemma's GeGLU; the gelu_mlp fault's swap)."""
+def situ(g: jax.Array, u: jax.Array) -> jax.Array:
+    """Kimi K3's gated activation: 4 tanh(g/4) sigmoid(g) 25 tanh(u/25), both soft-capped, the sigmoid on the raw g."""
+    return 4.0 * jnp.tanh(g / 4.0) * jax.nn.sigmoid(g) * 25.0 * jnp.tanh(u / 25.0)
+
+
+def swiglu(h: jax.Array, g: jax.Array, u: jax.Array, d: jax.Array, gelu: bool = False, k3: bool = False) -> jax.Array:
+    """act(h g) * (h u), then d; act SiLU, or tanh-GELU with gelu (Gemma's GeGLU; the gelu_mlp fault's swap); k3:
+    situ(h g, h u) (Kimi K3)."""
     a = mm(h, g)
+    if k3:
+        return mm(situ(a, mm(h, u)), d)
     act = gelu_tanh(a) if gelu else a * jax.nn.sigmoid(a)
     return mm(act * mm(h, u), d)
+
+
+def depth_mix(w: jax.Array, blocks: list, n, prefix: jax.Array, eps: float) -> jax.Array:
+    """Kimi K3's attention residuals: sum_i softmax_i(s_i) v_i over v = blocks[:n] + [prefix], s_i = (v_i . w) /
+    rms(v_i); blocks a list of [N, D] (n traced or static), prefix [N, D], w [1, D]; float32, blocks first then the
+    prefix, in that fixed order."""
+    def score(v):
+        return jnp.sum(v * w, -1, keepdims=True) * jax.lax.rsqrt(jnp.mean(v * v, -1, keepdims=True) + eps)
+
+    sp = score(prefix)
+    sb = [score(v) for v in blocks]
+    valid = [j < n for j in range(len(blocks))]
+    top = sp
+    for ok, s in zip(valid, sb):
+        top = jnp.where(ok, jnp.maximum(top, s), top)
+    e = [jnp.where(ok, jnp.exp(s - top), 0.0) for ok, s in zip(valid, sb)]
+    ep = jnp.exp(sp - top)
+    den, acc = 0.0, 0.0
+    for ok, ej, v in zip(valid, e, blocks):  # a block past n may hold anything: it never enters the sum
+        den, acc = den + ej, acc + jnp.where(ok, ej * v, 0.0)
+    return (acc + ep * prefix) / (den + ep)
 
 
 def expert(h: jax.Array, e: dict, act: str = "swiglu", alpha: float = 1.702, limit: float = 7.0) -> jax.Array:
@@ -159,6 +190,8 @@ def expert(h: jax.Array, e: dict, act: str = "swiglu", alpha: float = 1.702, lim
     if act == "gptoss":
         g, u = jnp.minimum(g, limit), jnp.clip(u, -limit, limit)
         a = g * jax.nn.sigmoid(alpha * g) * (u + 1.0)
+    elif act == "situ":  # Kimi K3
+        a = situ(g, u)
     else:
         a = g * jax.nn.sigmoid(g)
         a = a * u
@@ -192,11 +225,12 @@ def chosen_ids(gates: jax.Array, shape: tuple[int, int], n: int) -> jax.Array:
 
 
 def pick_experts(logits: jax.Array, bias: jax.Array, *, router: str, top_k: int, norm_topk: bool,
-                 scale: float, skip_first: bool = False) -> jax.Array:
+                 scale: float, skip_first: bool = False, bias_in_weights: bool = False) -> jax.Array:
     """Dense gate weights [N, E] from router logits [N, E] (zero outside the chosen experts).
 
     Chosen by repeated masked max (ties: lowest expert index). skip_first drops the best-ranked
-    expert and takes ranks 2..k+1 (the router_second_choice fault).
+    expert and takes ranks 2..k+1 (the router_second_choice fault); bias_in_weights: the sigmoid router's bias,
+    which selects only, also enters the weights (the router_bias_in_weights fault).
     """
     n, e = logits.shape
     if router == "softmax":  # gpt-oss's router has a bias (Qwen's are zeros)
@@ -217,7 +251,7 @@ def pick_experts(logits: jax.Array, bias: jax.Array, *, router: str, top_k: int,
         if not (skip_first and rank == 0):
             chosen = jnp.where(hit, 1.0, chosen)
         remaining = jnp.where(hit, -jnp.inf, remaining)
-    w = chosen * scores
+    w = chosen * (choice if bias_in_weights else scores)
     if norm_topk:
         w = w / jnp.sum(w, axis=-1, keepdims=True)
     return w * scale

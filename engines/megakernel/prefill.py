@@ -65,16 +65,19 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     gelu = c.mlp_act == "gelu_tanh"
     experts = "mxfp4" if "e_gate_q" in hbm else "dense"  # the routed experts' storage (engines.megakernel.mxfp4)
     post = (lambda y, key, l: ops.rmsnorm(y, hbm[key][l], c.rms_eps)) if c.post_norms else (lambda y, key, l: y)
-    taps = []
+    taps, blocks, ares = [], [], c.attn_res_block  # K3: the depth mixture's finished blocks
     for l in range(L):
-        h = ops.rmsnorm(x, hbm["attn_norm"][l], c.rms_eps)
+        xin = ops.depth_mix(hbm["res_attn"][l], blocks, (l - 1) // ares + 1, x, c.rms_eps) if ares else x
+        h = ops.rmsnorm(xin, hbm["attn_norm"][l], c.rms_eps)
+        if ares and l % ares == 0:  # a group starts: the prefix so far becomes a block, and restarts at zero
+            blocks, x = blocks + [x], jnp.zeros_like(x)
         if c.kind(l) in recurrent.RECURRENT_KINDS:
             kind, r = c.kind(l), 2 * recurrent.kinds(c).index(c.kind(l))
             g = sum(c.kind(j) == kind for j in range(l))  # the layer's index in its kind's stacks
             out, hg, sg = recurrent.prefill(c, kind, {k: hbm[k][g] for k in recurrent.keys(c, kind)},
                                             h.reshape(B, T, D), rec[r][g], rec[r + 1][g], valid, c.rms_eps)
             rec[r], rec[r + 1] = rec[r].at[g].set(hg), rec[r + 1].at[g].set(sg)
-            x = _mlp(c, hbm, x + post(out.reshape(B * T, D), "post_attn_norm", l), l, experts, post, gelu)
+            x = _mlp(c, hbm, x + post(out.reshape(B * T, D), "post_attn_norm", l), l, experts, post, gelu, blocks)
             taps.append(x.reshape(B, T, D))
             continue
         sliding, a = c.kind(l) == "sliding", c.kv_layers.index(l)  # a: the layer's index in the KV cache
@@ -102,9 +105,11 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
                 o = o * jax.nn.sigmoid(ops.mm(h, hbm["wg"][a]))
             o = ops.mm(o, hbm["wo"][a])
             o = o + hbm["bo"][a] if c.o_bias else o
-        x = _mlp(c, hbm, x + post(o, "post_attn_norm", l), l, experts, post, gelu)
+        x = _mlp(c, hbm, x + post(o, "post_attn_norm", l), l, experts, post, gelu, blocks)
         taps.append(x.reshape(B, T, D))
     state = (kc, vc, *rec)
+    if ares:  # the final norm reads the depth mixture over every block and the prefix
+        x = ops.depth_mix(hbm["res_out"], blocks, len(blocks), x, c.rms_eps)
     return x.reshape(B, T, D), state, (jnp.stack(taps) if want_taps else None)
 
 
@@ -123,21 +128,26 @@ def _qkv(c: Config, hbm: dict, rope: dict, h, pos, a: int, sliding: bool, B: int
     return q, k, v.reshape(B, T, K, hd)
 
 
-def _mlp(c: Config, hbm: dict, x, l: int, experts: str, post, gelu: bool):
-    """Layer l's MLP (dense or MoE) and its residual add on x [N, D]."""
-    h = ops.rmsnorm(x, hbm["mlp_norm"][l], c.rms_eps)
+def _mlp(c: Config, hbm: dict, x, l: int, experts: str, post, gelu: bool, blocks: list):
+    """Layer l's MLP (dense or MoE) and its residual add on x [N, D] (K3: its input the depth mixture over blocks)."""
+    ares = c.attn_res_block
+    xin = ops.depth_mix(hbm["res_mlp"][l], blocks, l // ares + 1, x, c.rms_eps) if ares else x
+    h = ops.rmsnorm(xin, hbm["mlp_norm"][l], c.rms_eps)
     if l < c.n_dense_layers:
-        return x + post(ops.swiglu(h, *[unchunked(hbm[k][l], k) for k in ("gate", "up", "down")], gelu=gelu),
-                        "post_mlp_norm", l)
+        return x + post(ops.swiglu(h, *[unchunked(hbm[k][l], k) for k in ("gate", "up", "down")], gelu=gelu,
+                                   k3=c.mlp_act == "situ"), "post_mlp_norm", l)
     m = l - c.n_dense_layers
     gates = ops.pick_experts(jnp.dot(h, hbm["router"][m], preferred_element_type=F32), hbm["router_bias"][m],
                              router=c.router, top_k=c.top_k, norm_topk=c.norm_topk, scale=c.routed_scale)
-    y = jnp.zeros_like(x)
+    xe = ops.mm(h, hbm["latent_down"][m]) if c.moe_latent else h  # K3: the experts work in a latent
+    y = jnp.zeros(xe.shape, F32)
     for e in range(c.n_experts):
         ex = mxfp4.dense_expert({k: hbm[k][m, e] for k in expert_keys(c, experts)}, mode_dtype(hbm))
-        y = y + gates[:, e:e + 1] * ops.expert(h, ex, c.expert_act, c.swiglu_alpha, c.swiglu_limit)
+        y = y + gates[:, e:e + 1] * ops.expert(xe, ex, c.expert_act, c.swiglu_alpha, c.swiglu_limit)
+    if c.moe_latent:  # K3: normed over the latent's true width, then back up
+        y = ops.mm(ops.rmsnorm(y, hbm["latent_norm"][m], c.rms_eps), hbm["latent_up"][m])
     if c.n_shared_experts:
-        shared = ops.swiglu(h, hbm["s_gate"][m], hbm["s_up"][m], hbm["s_down"][m])
+        shared = ops.swiglu(h, hbm["s_gate"][m], hbm["s_up"][m], hbm["s_down"][m], k3=c.expert_act == "situ")
         if c.shared_expert_gate:  # Qwen3-Next: times sigmoid(h . gate), one scalar a token
             shared = shared * jax.nn.sigmoid(jnp.sum(h * hbm["shared_gate"][m], axis=-1, keepdims=True))
         y = y + shared

@@ -16,7 +16,8 @@ from engines.megakernel.faults import Knobs
 
 def layer_keys(c: Config) -> tuple[str, ...]:
     """Every layer's norms ([L] stacks), streamed with its mixer's arrays."""
-    return ("attn_norm", "mlp_norm") + (("post_attn_norm", "post_mlp_norm") if c.post_norms else ())
+    return ("attn_norm", "mlp_norm") + (("post_attn_norm", "post_mlp_norm") if c.post_norms else ()) \
+        + (("res_attn", "res_mlp") if c.attn_res_block else ())  # K3: the depth mixtures' vectors
 
 
 def attn_keys(c: Config) -> tuple[str, ...]:
@@ -81,7 +82,7 @@ def mla_keys(c: Config) -> tuple[str, ...]:
 SUPPORTED_FEATURES = ("attn_bias", "o_bias", "layer_kinds (sliding)", "sliding_window", "rope_theta_local",
                       "rope_scaling", "norm_style", "post_norms", "mlp_act", "embed_scale", "query_scale",
                       "attn_softcap", "final_softcap", "attn_sinks", "expert_act", "expert_bias",
-                      "attn_out_gate", "rotary_dim", "shared_expert_gate")
+                      "attn_out_gate", "rotary_dim", "shared_expert_gate", "moe_latent", "attn_res_block")
 # RMSNorm weights: Gemma's (1 + w) is folded in as the arrays are placed (the kernel's norms then all scale by w)
 NORM_KEYS = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm", "final_norm")
 
@@ -100,7 +101,8 @@ def moe_keys(c: Config) -> tuple[str, ...]:
     if not c.n_moe_layers:
         return ()
     shared = ("s_gate", "s_up", "s_down") if c.n_shared_experts else ()
-    return ("router", "router_bias") + shared + (("shared_gate",) if c.shared_expert_gate else ())
+    return ("router", "router_bias") + shared + (("shared_gate",) if c.shared_expert_gate else ()) \
+        + (("latent_down", "latent_norm", "latent_up") if c.moe_latent else ())  # K3: the experts' latent
 
 
 EXPERT_FORMATS = ("dense", "mxfp4")  # the routed experts in HBM: the mode's dtype, or MXFP4 (engines.megakernel.mxfp4)
@@ -165,6 +167,8 @@ def hbm_arrays(w, dtype: str, experts: str = "dense") -> dict:
     for kind in recurrent.kinds(w.config):  # q|k|v (and GDN's b|a) fused, the conv taps-major, vectors as rows
         out[f"{kind}_qkv"] = jnp.asarray(np.concatenate([a[f"{kind}_{x}"] for x in "qkv"], -1), dt)
         out[f"{kind}_conv"] = jnp.asarray(a[f"{kind}_conv"].transpose(0, 2, 1), dt)
+    if w.config.attn_res_block:  # K3: the final depth mixture's vector (applied after the kernel, with the head)
+        out["res_out"] = jnp.asarray(a["res_out"][None, :], jnp.float32)
     if w.config.gdn_layers:
         out["gdn_ba"] = jnp.asarray(np.concatenate([a["gdn_b"], a["gdn_a"]], -1), dt)
     for k in expert_keys(w.config, experts):

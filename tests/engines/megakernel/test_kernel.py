@@ -76,11 +76,18 @@ def test_teacher_forced_bf16(engines, name, batch, request):
 # bfloat16 in CI on mini-gptoss (its routing under the recipe) and the linear-attention hybrids; the other
 # families' bf16 cases are heavy, and Qwen3-Next's MoE variant (a gated shared expert) too
 IN_CI_BF16 = ("mini-gptoss", "mini-qwen-hybrid", "mini-kimi-linear")
+# mini-kimi (Kimi K3: 8 layers of KDA and MLA, a latent MoE of 16 experts, attention residuals) in float32: the
+# reference itself is up to 1.1e-4 from its float64 math on these prompts and the megakernel 1.1e-4 (1.2e-4 from the
+# float32 reference), so the bound is twice the judge's own error (the conditioning witness's factor), not the
+# shallower minis' F32_LOGIT_TOL. Its bf16 is not asserted: at 2 of 68 positions the megakernel is 1.0-2.0 from the
+# reference's recipe where that recipe is itself 7-12 from float32 (routing near-ties of the latent MoE).
+K3_F32_LOGIT_TOL = 2.5e-4
 FAMILY_CASES = [pytest.param(n, d, b, marks=[] if (d == "float32" or n in IN_CI_BF16) and n != "mini-qwen-next-moe"
                              else [pytest.mark.heavy])
                 for n in ("mini-qwen2", "mini-gemma2", "mini-gemma3", "mini-gptoss", "mini-qwen-hybrid",
                           "mini-qwen-next-moe", "mini-kimi-linear")
-                for d, b in (("float32", F32_LOGIT_TOL), ("bfloat16", BF16_LOGIT_TOL))]
+                for d, b in (("float32", F32_LOGIT_TOL), ("bfloat16", BF16_LOGIT_TOL))] + \
+    [pytest.param("mini-kimi", "float32", K3_F32_LOGIT_TOL)]
 
 
 @pytest.mark.parametrize("name, dtype, bound", FAMILY_CASES)
@@ -312,12 +319,16 @@ CROSSING = [126, 30]  # row 0 runs from position 126 to 142: windows of 128 and 
 BF16_ONLY = [f for f in FAULTS if BY_NAME[f].needs.startswith("bf16")]  # one extra rounding: a float32 no-op
 FAMILY_MINI = {"sliding": "mini-gemma2", "softcap": "mini-gemma2", "sinks": "mini-gptoss", "mxfp4": "mini-gptoss",
                "recurrent": "mini-qwen-hybrid", "kda": "mini-kimi-linear",
-               "mla": "mini-kimi-linear"}
+               "mla": "mini-kimi-linear", "router_bias": "mini-kimi",
+               "latent": "mini-kimi", "attn_res": "mini-kimi"}
 # Gemma 2's cap is 50: a masked slot capped to -50 weighs e^-50 (2e-22) of the largest score's, nothing in float32.
 # l2_eps_outside: 1e-6 outside the root instead of inside moves mini-qwen-hybrid's logits by 6.8e-5 at most (its q
 # and k have sums of squares far above 1e-6), twice the faithful kernel's own 3.5e-5 against the reference: under
 # the float32 bound, so no rule can tell it from noise on this model
 BENIGN = {"softcap_after_mask", "l2_eps_outside"}
+
+
+FAITHFUL: dict = {}  # (mini, MXFP4 experts, long prompts) -> the faithful kernel's logits on the faults' prompts
 
 
 @pytest.mark.parametrize("fault", [f for f in FAULTS if f not in BF16_ONLY])
@@ -333,10 +344,14 @@ def test_each_fault_changes_output(engines, mini_llama, mini_moe, fault):
     long = BY_NAME[fault].needs == "tiles" or fault == "rope_theta"  # RoPE base errors grow with the position
     prompts = [rng.integers(3, 259, size=n).tolist() for n in (CROSSING if long else SHORT)]
     conts = [rng.integers(3, 259, size=N_STEPS + 1).tolist() for _ in prompts]
-    # a family fault's faithful twin: the same mini, MXFP4 experts for the MXFP4 fault
-    faithful = engines[model.name]["f32"] if model.name in engines else \
-        MegakernelEngine(model.weights, experts="mxfp4" if needs == "mxfp4" else None)
-    good = faithful.decode_forced(prompts, conts)
+    # a family fault's faithful twin: the same mini, MXFP4 experts for the MXFP4 fault (its logits computed once a
+    # session for every fault of that mini: the prompts depend only on `long`)
+    key = (model.name, needs == "mxfp4", long)
+    if key not in FAITHFUL:
+        faithful = engines[model.name]["f32"] if model.name in engines else \
+            MegakernelEngine(model.weights, experts="mxfp4" if needs == "mxfp4" else None)
+        FAITHFUL[key] = faithful.decode_forced(prompts, conts)
+    good = FAITHFUL[key]
     eng = MegakernelEngine(model.weights, fault=fault)
     bad = eng.decode_forced(prompts, conts)
     deltas = []

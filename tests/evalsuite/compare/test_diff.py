@@ -81,7 +81,8 @@ IN_CI = {("bfloat16", "bf16_residual"), ("bfloat16", "final_norm_eps"), ("bfloat
 # (a masked slot weighs e^-50: test_kernel measures it under the float32 bound), so its diff must not FAIL
 FAMILY_MINI = {"sliding": "mini-gemma2", "softcap": "mini-gemma2", "sinks": "mini-gptoss", "mxfp4": "mini-gptoss",
                "recurrent": "mini-qwen-hybrid", "kda": "mini-kimi-linear",
-               "mla": "mini-kimi-linear"}
+               "mla": "mini-kimi-linear", "router_bias": "mini-kimi",
+               "latent": "mini-kimi", "attn_res": "mini-kimi"}
 # l2_eps_outside moves mini-qwen-hybrid's logits by 6.8e-5 at most, under the float32 noise (test_kernel's BENIGN)
 BENIGN = {"softcap_after_mask", "l2_eps_outside"}
 BF16_ONLY = {f for f in FAULTS if BY_NAME[f].needs.startswith("bf16")}  # a no-op in float32 (test_kernel)
