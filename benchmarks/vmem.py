@@ -28,6 +28,27 @@ PAPER_CONFIGS = {
         head_dim=128, ffn=33792, rope_theta=50000.0, rms_eps=1e-5, max_context=131072, tie_embeddings=False,
         rope_style="half", n_experts=896, top_k=16, moe_ffn=3072, n_shared_experts=2, first_dense=1,
         router="sigmoid", norm_topk=True, routed_scale=1.0),
+    # Kimi K3 in its own layer kinds (ARCHITECTURES.md section 1): MLA at i % 4 == 3 and the last layer, KDA
+    # elsewhere (head dim 128; the KDA head count is not given there: 96, the config's heads, is assumed), layer 0
+    # dense, a latent MoE of 896 experts top-16 (latent 3584, width 3072; the shared 6144: two of 3072), situ,
+    # attention residuals over blocks of 12, MLA with a 1536 q rank, 512 kv rank, 128 + 64 key, 128 value, gated
+    "kimi-k3": Config(
+        name="kimi-k3", family="moe", vocab_size=163840, hidden=7168, n_layers=93, n_heads=96, n_kv_heads=96,
+        head_dim=128, ffn=33792, rope_theta=50000.0, rms_eps=1e-5, max_context=131072, tie_embeddings=False,
+        n_experts=896, top_k=16, moe_ffn=3072, n_shared_experts=2, first_dense=1,
+        router="sigmoid", norm_topk=True, routed_scale=1.0, mlp_act="situ", expert_act="situ", moe_latent=3584,
+        attn_res_block=12, layer_kinds=tuple("mla" if i % 4 == 3 or i == 92 else "kda" for i in range(93)),
+        kda_heads=96, kda_dim=128, kda_conv=4, kda_gate_rank=128, kda_out_rank=0, kda_gate_bound=5.0,
+        mla_q_rank=1536, mla_kv_rank=512, mla_nope_dim=128, mla_rope_dim=64, mla_v_dim=128, mla_out_gate=True),
+    # Qwen3.8-27B (ARCHITECTURES.md section 2): 64 layers, full attention at i % 4 == 3 (24 heads, 4 KV heads of 256,
+    # 64 rotary dims, an output gate), Gated DeltaNet elsewhere (16 key heads and 48 value heads of 128, 4 taps),
+    # SwiGLU 17408, 1 + w norms
+    "qwen3.8-27b": Config(
+        name="qwen3.8-27b", family="dense", vocab_size=248320, hidden=5120, n_layers=64, n_heads=24, n_kv_heads=4,
+        head_dim=256, ffn=17408, rope_theta=1e7, rms_eps=1e-6, max_context=262144, tie_embeddings=False,
+        rope_style="half", norm_style="gemma", attn_out_gate=True, rotary_dim=64, qk_norm=True,
+        layer_kinds=tuple("full" if i % 4 == 3 else "gdn" for i in range(64)), gdn_k_heads=16, gdn_v_heads=48,
+        gdn_k_dim=128, gdn_v_dim=128, gdn_conv=4),
 }
 
 
