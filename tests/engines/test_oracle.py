@@ -92,8 +92,9 @@ def test_oracle_prompts_cross_every_window_and_the_yarn_context():
 
 
 def test_megakernel_refuses_what_it_does_not_implement():
-    w = load_hf(minis_dir() / "mini-qwen-hybrid", "mini-qwen-hybrid")
-    with pytest.raises(UnsupportedModel, match=r"does not implement layer_kinds \(gdn\).* \(model mini-qwen-hybrid\)"):
+    """DeepSeek-V3's MLA rotates q_pe and k_pe; the kernel's MLA is Kimi's NoPE form (the GDN, KDA and K3 minis run)."""
+    w = load_hf(minis_dir() / "mini-deepseek-mla", "mini-deepseek-mla")
+    with pytest.raises(UnsupportedModel, match=r"does not implement mla_rope .* \(model mini-deepseek-mla\)"):
         MegakernelEngine(w)
 
 

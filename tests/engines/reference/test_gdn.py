@@ -125,14 +125,6 @@ def test_prefill_then_decode_equals_one_forward_in_bfloat16(name):
     assert (full.argmax(-1) == stepped.argmax(-1)).all()
 
 
-def test_hybrid_is_refused_by_the_megakernel(hybrid):
-    from engines.errors import UnsupportedModel
-    from engines.megakernel import MegakernelEngine
-
-    with pytest.raises(UnsupportedModel, match="layer_kinds"):
-        MegakernelEngine(hybrid)
-
-
 # ---- skeptic mutations: each a bug these kernels have had or invite; the oracle must catch every one ----------
 
 def _decay_after_update(q, k, v, beta, g, S, valid):
