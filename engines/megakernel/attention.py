@@ -11,6 +11,7 @@ from engines.megakernel import ops
 from engines.megakernel.spec import KernelSpec, cache_dims
 
 F32 = jnp.float32
+HIGHEST = jax.lax.Precision.HIGHEST  # float32 operands at full precision, never a TPU's bf16 passes
 
 
 def window(spec: KernelSpec) -> tuple[bool, int]:
@@ -47,7 +48,7 @@ def attend(spec: KernelSpec, q, k, v, pos_v, sliding, first, live, kv_tile, kbuf
         base = ((c.query_scale or hd) + kn.scale_dim_offset) ** -0.5
         scales = [base * ops.rope_freqs(c, kind)[1] for kind in ("full", "sliding")]
         scale = jnp.where(sliding, scales[1], scales[0]) if scales[0] != scales[1] else scales[0]
-    qg = (q.reshape(B, G, K, hd).transpose(0, 2, 1, 3) if gqa_t else q).reshape(B * K, G, hd) * scale
+    qg = ops.reshape(ops.reshape(q, B, G, K, hd).transpose(0, 2, 1, 3) if gqa_t else q, B * K, G, hd) * scale
     row_pos = jnp.repeat(pos_v, K, axis=0)[:, :, None]  # [n, 1, 1]
 
     def seen(col):
@@ -65,7 +66,7 @@ def attend(spec: KernelSpec, q, k, v, pos_v, sliding, first, live, kv_tile, kbuf
     mla = (jnp.full((B * K, G, 1), -jnp.inf, F32), jnp.zeros((B * K, G, 1), F32), jnp.zeros((B * K, G, dv), F32))
     if sinks is not None and not kn.sink_dropped:  # gpt-oss: a learned logit per head joins the denominator
         sk = sinks.reshape(1, G, K).transpose(0, 2, 1) if gqa_t else sinks.reshape(1, K, G)  # head kh*G + g
-        mla = (jnp.broadcast_to(sk, (B, K, G)).reshape(B * K, G, 1), jnp.ones((B * K, G, 1), F32), mla[2])
+        mla = (ops.reshape(jnp.broadcast_to(sk, (B, K, G)), B * K, G, 1), jnp.ones((B * K, G, 1), F32), mla[2])
     for t in range(nt):  # a tile no row attends is neither copied nor read (bitwise the same: a fully masked
         # tile adds exactly nothing to the online softmax)
         def tile_step(mla, t=t):
@@ -80,17 +81,18 @@ def attend(spec: KernelSpec, q, k, v, pos_v, sliding, first, live, kv_tile, kbuf
             j = t % spec.kv_buffers
             kt = kbufs[j][...].reshape(B * K, TS, hd).astype(F32)
             vt = vbufs[j][...].reshape(B * K, TS, dv).astype(F32)
-            sc = jnp.einsum("nqd,nkd->nqk", qg, kt, preferred_element_type=F32)  # [n, G, TS]
+            sc = jnp.einsum("nqd,nkd->nqk", qg, kt, preferred_element_type=F32, precision=HIGHEST)  # [n, G, TS]
             col = t * TS + jax.lax.broadcasted_iota(jnp.int32, (B * K, 1, TS), 2)
             # V is masked as well as the scores: an unwritten slot may hold anything (NaN included), and a zero
             # probability times NaN is NaN
-            vt = jnp.where(seen(col.reshape(B * K, TS, 1)), vt, 0.0)
+            vt = jnp.where(seen(t * TS + jax.lax.broadcasted_iota(jnp.int32, (B * K, TS, 1), 1)), vt, 0.0)
             return ops.online_softmax_step(mla, capped(sc, seen(col)), vt)
 
         mla = jax.lax.cond((t >= first) & (t < live), tile_step, lambda m: m, mla)
     if not kn.skip_new_kv:  # the fault: the newest entry is never attended to
-        sc = jnp.einsum("nqd,nkd->nqk", qg, k.reshape(B * K, 1, hd), preferred_element_type=F32)  # [n, G, 1]
-        mla = ops.online_softmax_step(mla, ops.softcap(sc, c.attn_softcap), v.reshape(B * K, 1, dv))
+        sc = jnp.einsum("nqd,nkd->nqk", qg, ops.reshape(k, B * K, 1, hd), preferred_element_type=F32,
+                        precision=HIGHEST)  # [n, G, 1]
+        mla = ops.online_softmax_step(mla, ops.softcap(sc, c.attn_softcap), ops.reshape(v, B * K, 1, dv))
     _, lsum, acc = mla
     out = jnp.where(lsum > 0, acc / jnp.maximum(lsum, 1e-30), 0.0)  # [n, G, dv]
-    return (out.reshape(B, K, G, dv).transpose(0, 2, 1, 3) if gqa_t else out).reshape(B, H * dv)
+    return ops.reshape(out.reshape(B, K, G, dv).transpose(0, 2, 1, 3) if gqa_t else out, B, H * dv)

@@ -234,8 +234,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 if c.attn_bias:  # Qwen2, gpt-oss: float32 biases on the projections, before RoPE
                     q, k, v = q + b_["bq"][...], k + b_["bk"][...], v + b_["bv"][...]
                 if c.qk_norm:
-                    q = ops.rmsnorm(q.reshape(B * H, hd), b_["q_norm"][...], eps).reshape(B, H * hd)
-                    k = ops.rmsnorm(k.reshape(B * K, hd), b_["k_norm"][...], eps).reshape(B, K * hd)
+                    q = ops.reshape(ops.rmsnorm(ops.reshape(q, B * H, hd), b_["q_norm"][...], eps), B, H * hd)
+                    k = ops.reshape(ops.rmsnorm(ops.reshape(k, B * K, hd), b_["k_norm"][...], eps), B, K * hd)
                 rpos = pos_v[...] + kn.rope_pos_offset  # [B, 1]
                 if kn.pos_in_weights_dtype:  # the position cast with the activations (exact in f32; bf16 to 256)
                     rpos = ops.round_to(rpos.astype(F32), b_["wq"].dtype).astype(jnp.int32)
@@ -251,8 +251,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 wdt = b_["wk"].dtype  # kv_bf16_slot: the written slot rounded to the weights' dtype (no-op in f32)
                 rounded = (lambda y: ops.round_to(y, wdt)) if kn.new_kv_in_weights_dtype else (lambda y: y)
                 # staged in VMEM for the write-back DMA after the last layer
-                newk[pl.ds(a, 1)] = rounded(k).reshape(1, B, Kc, 1, dkc).astype(kvd)
-                newv[pl.ds(a, 1)] = rounded(v).reshape(1, B, Kc, 1, dvc).astype(kvd)
+                newk[pl.ds(a, 1)] = ops.reshape(rounded(k), 1, B, Kc, 1, dkc).astype(kvd)
+                newv[pl.ds(a, 1)] = ops.reshape(rounded(v), 1, B, Kc, 1, dvc).astype(kvd)
                 attn_buf[...] = attention.attend(spec, q, k, v, pos_v[...], sliding, first, live, kv_tile, kbufs,
                                                  vbufs, b_["sinks"][...] if c.attn_sinks else None)
                 out = attn_buf[...]
@@ -273,8 +273,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             def mla_layer():
                 q, k, v = mla.project(c, {key: b_[key][...] for key in xk}, h)
                 k, v = ops.round_to(k, kvd), ops.round_to(v, kvd)
-                newk[pl.ds(a, 1)] = k.reshape(1, B, Kc, 1, dkc).astype(kvd)
-                newv[pl.ds(a, 1)] = v.reshape(1, B, Kc, 1, dvc).astype(kvd)
+                newk[pl.ds(a, 1)] = ops.reshape(k, 1, B, Kc, 1, dkc).astype(kvd)
+                newv[pl.ds(a, 1)] = ops.reshape(v, 1, B, Kc, 1, dvc).astype(kvd)
                 out = attention.attend(spec, q, k, v, pos_v[...], False, 0, live, kv_tile, kbufs, vbufs, None, True)
                 x_out[...] = x + mla.output(c, {key: b_[key][...] for key in xk}, h, out)
 
@@ -315,7 +315,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 @pl.when(l >= Ld)
                 def _():
                     run(copies(mk, l - Ld, s), False)
-                    logits = jnp.dot(h, b_["router"][...], preferred_element_type=F32)  # [B, E]
+                    logits = ops.mm(h, b_["router"][...])  # [B, E]
                     gates = ops.pick_experts(logits, b_["router_bias"][...], router=c.router,
                                              top_k=c.top_k, norm_topk=c.norm_topk and not kn.moe_unnormalized,
                                              scale=c.routed_scale, skip_first=kn.router_skip_first,

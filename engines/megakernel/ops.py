@@ -15,9 +15,37 @@ import numpy as np
 F32 = jnp.float32
 
 
+def precision(dtype) -> jax.lax.Precision:
+    """The kernel's own matmul precision, never the process's default: float32 at full precision (a TPU's default
+    is bf16 passes), bfloat16 operands as they are (Mosaic refuses a bf16 matmul asked for fp32 precision)."""
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else jax.lax.Precision.DEFAULT
+
+
 def mm(a: jax.Array, w: jax.Array) -> jax.Array:
     """a @ w with a cast to the weight dtype (bf16 mode feeds bf16 to the MXU), f32 accumulation."""
-    return jnp.dot(a.astype(w.dtype), w, preferred_element_type=F32)
+    return jnp.dot(a.astype(w.dtype), w, preferred_element_type=F32, precision=precision(w.dtype))
+
+
+def reshape(x: jax.Array, *shape: int) -> jax.Array:
+    """x.reshape(shape) in steps Mosaic lays out: one that changes the lane (last) dim only splits or merges it with
+    every dim above it kept, and one that keeps the lane dim may regroup the dims above it; a reshape that does both
+    at once ([B, H*hd] -> [B*K, G, hd]) is refused ("unsupported shape cast", on a TPU v5e, jax 0.10.2). Between
+    the two steps an add of zero keeps Mosaic from folding them back into one (no change to any value but the sign
+    of a zero)."""
+    shape = tuple(int(d) for d in shape)
+    if -1 in shape:
+        known = int(np.prod([d for d in shape if d != -1]))
+        shape = tuple(x.size // known if d == -1 else d for d in shape)
+    lane, to = x.shape[-1], shape[-1]
+    if x.shape == shape or lane == to or (lane % to and to % lane):
+        return x.reshape(shape)
+    if to < lane:  # split the lanes first, then regroup above them
+        mid = (*x.shape[:-1], lane // to, to)
+    else:  # regroup above the lanes first, then merge them
+        mid = (*shape[:-1], to // lane, lane)
+    if mid in (x.shape, shape):
+        return x.reshape(shape)
+    return (x.reshape(mid) + jnp.zeros((), x.dtype)).reshape(shape)
 
 
 def round_to(x: jax.Array, dtype) -> jax.Array:
@@ -44,7 +72,8 @@ def online_softmax_step(mla, scores, values):
     alpha = jnp.exp(m - m_safe)
     pr = jnp.exp(scores - m_safe)
     return (m_new, lsum * alpha + jnp.sum(pr, axis=-1, keepdims=True),
-            acc * alpha + jnp.einsum("nqk,nkd->nqd", pr, values, preferred_element_type=F32))
+            acc * alpha + jnp.einsum("nqk,nkd->nqd", pr, values, preferred_element_type=F32,
+                                    precision=precision(F32)))
 
 
 def rmsnorm(x: jax.Array, w: jax.Array, eps: float, width: int = 0) -> jax.Array:

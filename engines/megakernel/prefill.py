@@ -15,6 +15,7 @@ from engines.megakernel import mla, mxfp4, ops, recurrent
 from engines.megakernel.spec import cache_dims, cache_shapes, expert_keys, mla_keys, mode_dtype, unchunked
 
 F32 = jnp.float32
+HIGH = jax.lax.Precision.HIGHEST  # float32 at full precision on every backend (a TPU defaults to bf16 passes)
 
 
 def _attend(c: Config, q, k, v, visible, scale: float, sink):
@@ -22,14 +23,15 @@ def _attend(c: Config, q, k, v, visible, scale: float, sink):
     soft-capped (Gemma 2) before the mask; sink [1, H, 1, 1]: gpt-oss's per-head logit in the denominator only."""
     G = q.shape[2] // k.shape[2]
     kr, vr = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)  # head h reads kv head h // G
-    sc = ops.softcap(jnp.einsum("bqhd,bkhd->bhqk", q, kr, preferred_element_type=F32) * scale, c.attn_softcap)
+    sc = jnp.einsum("bqhd,bkhd->bhqk", q, kr, preferred_element_type=F32, precision=HIGH)
+    sc = ops.softcap(sc * scale, c.attn_softcap)
     sc = jnp.where(visible, sc, -jnp.inf)
     top = jnp.max(sc, axis=-1, keepdims=True)
     if sink is not None:
         top = jnp.maximum(top, sink)
     pr = jnp.exp(sc - top)
     pr = pr / (jnp.sum(pr, axis=-1, keepdims=True) + (jnp.exp(sink - top) if sink is not None else 0.0))
-    return jnp.einsum("bhqk,bkhd->bqhd", pr, vr, preferred_element_type=F32)
+    return jnp.einsum("bhqk,bkhd->bqhd", pr, vr, preferred_element_type=F32, precision=HIGH)
 
 
 def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: jax.Array, slots: int,
@@ -137,7 +139,7 @@ def _mlp(c: Config, hbm: dict, x, l: int, experts: str, post, gelu: bool, blocks
         return x + post(ops.swiglu(h, *[unchunked(hbm[k][l], k) for k in ("gate", "up", "down")], gelu=gelu,
                                    k3=c.mlp_act == "situ"), "post_mlp_norm", l)
     m = l - c.n_dense_layers
-    gates = ops.pick_experts(jnp.dot(h, hbm["router"][m], preferred_element_type=F32), hbm["router_bias"][m],
+    gates = ops.pick_experts(ops.mm(h, hbm["router"][m]), hbm["router_bias"][m],
                              router=c.router, top_k=c.top_k, norm_topk=c.norm_topk, scale=c.routed_scale)
     xe = ops.mm(h, hbm["latent_down"][m]) if c.moe_latent else h  # K3: the experts work in a latent
     y = jnp.zeros(xe.shape, F32)

@@ -93,20 +93,21 @@ def step(c: Config, kind: str, w: dict, mixed, beta, g, hist, S, kn):
     r = Hv // Hk  # key head j serves value heads j*r .. j*r+r-1
 
     def heads(x):  # [B, Hk*dk] -> normed, each key head repeated onto its r value heads: [B*Hv, dk]
-        x = l2norm(x.reshape(B, Hk, dk), kn.l2_eps_outside)
-        return jnp.broadcast_to(x[:, :, None, :], (B, Hk, r, dk)).reshape(B * Hv, dk)
+        x = l2norm(ops.reshape(x, B * Hk, dk), kn.l2_eps_outside)
+        return jnp.repeat(x, r, axis=0) if r > 1 else x
 
     q = heads(act[:, :Hk * dk]) * F32(dk ** -0.5)
     k = heads(act[:, Hk * dk:2 * Hk * dk])
-    v = act[:, 2 * Hk * dk:].reshape(B * Hv, dv)
-    beta = beta.reshape(B * Hv, 1)
+    v = ops.reshape(act[:, 2 * Hk * dk:], B * Hv, dv)
+    beta = ops.reshape(beta, B * Hv, 1)
     if kn.kda_gate_per_head and g.ndim == 3:  # the fault: a head's first channel's decay for all of them
         g = jnp.broadcast_to(g[:, :, :1], g.shape)
-    decay = jnp.exp(g).reshape(B * Hv, -1, 1)  # [N, 1, 1] a head's, or [N, dk, 1] a key channel's
+    decay = ops.reshape(jnp.exp(g), B * Hv, -1, 1)  # [N, 1, 1] a head's, or [N, dk, 1] a key channel's
     S = S.reshape(B * Hv, dk, dv)
 
     def read(x, S):  # x^T S per head, [N, dk] -> [N, dv]: a batched matmul with f32 accumulation, as the MXU does
-        return jnp.einsum("nqk,nkv->nqv", x[:, None, :], S, preferred_element_type=F32)[:, 0]
+        return jnp.einsum("nqk,nkv->nqv", x[:, None, :], S, preferred_element_type=F32,
+                          precision=ops.precision(F32))[:, 0]
 
     if kn.decay_after_delta:  # the delta rule reads the undecayed memory, and the decay lands on the update too
         S = (S + k[:, :, None] * (beta * (v - read(k, S)))[:, None, :]) * decay
@@ -120,7 +121,7 @@ def finish(c: Config, kind: str, w: dict, o, gate, eps: float) -> jax.Array:
     """o [N, Hv, dv], gate [N, Hv*dv] -> the layer's output [N, D]: RMSNorm over each head's dv with the plain
     weight, times silu(z) (GDN) or sigmoid(gate) (KDA), through out."""
     N, Hv, dv = o.shape
-    o = ops.rmsnorm(o.reshape(N * Hv, dv), w[f"{kind}_norm"], eps).reshape(N, -1)
+    o = ops.reshape(ops.rmsnorm(o.reshape(N * Hv, dv), w[f"{kind}_norm"], eps), N, Hv * dv)
     return ops.mm(o * (jax.nn.silu(gate) if kind == "gdn" else jax.nn.sigmoid(gate)), w[f"{kind}_out"])
 
 

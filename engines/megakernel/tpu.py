@@ -74,6 +74,62 @@ class MosaicKernel:
     vmem_limit_bytes: int | None  # the limit the call passes to Mosaic (None: Mosaic's default)
     ops: Counter  # Mosaic op name -> count (tpu.enqueue_dma, tpu.matmul, tpu.dynamic_rotate, ...)
     args: tuple[tuple[tuple[int, ...], str, str], ...]  # every ref and scratch buffer: (shape, dtype, memory space)
+    refused_reshapes: tuple[str, ...] = ()  # vector shape casts Mosaic's layout pass refuses (shape_cast_ok)
+
+
+# Element widths of the vector types a Mosaic module's shape casts carry
+_BITS = {"f32": 32, "i32": 32, "bf16": 16, "f16": 16, "i16": 16, "i8": 8, "i1": 1}
+
+
+def shape_cast_ok(src: tuple[int, ...], dst: tuple[int, ...], bits: int) -> bool:
+    """Whether Mosaic lays out a vector reshape src -> dst, by the rules seen on a TPU v5e (jax 0.10.2, about 160
+    small kernels compiled there, f32 and bf16; docs/tpu.md): the lane (last) dim kept, with the dims above it
+    regrouped at will; or the lane dim alone split or merged, every dim above it kept; or lanes that are multiples of
+    128 on both sides. A trailing unit dim appended to 16-bit values is refused; in 32-bit it is implicit (GDN's
+    (8, 2, 16) -> (16, 16) -> (16, 16, 1), folded into one cast, compiled there); any other change is refused."""
+    if src == dst or (src and dst and src[-1] == dst[-1]):
+        return True
+    if dst and dst[-1] == 1 and bits < 32:
+        return False
+    if bits == 32 and (dst[-1:] == (1,) or src[-1:] == (1,)):  # a trailing unit dim is implicit in 32-bit layouts
+        return shape_cast_ok(src[:-1] if src[-1:] == (1,) else src, dst[:-1] if dst[-1:] == (1,) else dst, bits)
+    n, m = len(src), len(dst)
+    split = m > n - 1 and dst[:n - 1] == src[:-1] and _prod(dst[n - 1:]) == src[-1]
+    merge = n > m - 1 and src[:m - 1] == dst[:-1] and _prod(src[m - 1:]) == dst[-1]
+    return split or merge or (bool(src) and bool(dst) and src[-1] % LANES == 0 and dst[-1] % LANES == 0)
+
+
+def _prod(dims) -> int:
+    out = 1
+    for d in dims:
+        out *= d
+    return out
+
+
+LANES = 128
+_CAST = re.compile(r'"(?:stable_mosaic\.)?vector\.shape_cast"\((%\w+)\) : \(vector<([0-9x]*)x?(\w+)>\) -> '
+                   r"vector<([0-9x]*)x?\w+>")
+_DEF = re.compile(r"^\s*(%\w+)(?::\d+)? = (.*)$", re.M)
+
+
+def refused_reshapes(text: str) -> tuple[str, ...]:
+    """Every shape cast in a Mosaic module's text that shape_cast_ok refuses, also where two casts in a row compose
+    to one it refuses (Mosaic folds back-to-back casts into one before it lays them out). A value's definition is
+    the latest one above its use: the printer numbers sibling regions alike, a nested region after its parent's."""
+    dims = lambda g: tuple(int(d) for d in g.split("x") if d)  # noqa: E731
+    last: dict[str, tuple | None] = {}
+    bad = []
+    for d in _DEF.finditer(text):
+        m = _CAST.match(d[2])
+        cast = (dims(m[2]), dims(m[4]), _BITS.get(m[3], 32)) if m else None
+        if cast:
+            src, dst, bits = cast
+            first = last.get(m[1])
+            for a, b in ((src, dst),) + (((first[0], dst),) if first else ()):
+                if not shape_cast_ok(a, b, bits):
+                    bad.append(f"{a} -> {b} ({bits}-bit)")
+        last[d[1]] = cast
+    return tuple(dict.fromkeys(bad))
 
 
 def lower(fn, *args) -> Lowered:
@@ -112,4 +168,5 @@ def _read_mosaic(config: dict) -> MosaicKernel:
     ops = Counter(re.findall(r'"?((?:tpu|vector|arith|math|scf)\.[a-z_0-9]+)"?\(', text))
     # the VMEM limit travels as a scoped memory config (memory space 1: VMEM) beside the kernel's body
     limit = [m["size"] for m in config.get("scoped_memory_configs", []) if m.get("memory_space") == 1]
-    return MosaicKernel(name.group(1) if name else "?", int(limit[0]) if limit else None, ops, args)
+    return MosaicKernel(name.group(1) if name else "?", int(limit[0]) if limit else None, ops, args,
+                        refused_reshapes(text))

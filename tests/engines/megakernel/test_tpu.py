@@ -14,8 +14,9 @@ import pytest
 
 from engines.errors import ModelError, UnsupportedModel
 from engines.loop import MIN_WINDOW, cache_slots
-from engines.megakernel import MegakernelEngine
+from engines.megakernel import MegakernelEngine, tpu
 from engines.megakernel import budget as budget_mod
+from engines.megakernel import ops as mk_ops
 from engines.megakernel.budget import budget, tiled_bytes
 from engines.megakernel.engine import MAX_BATCH
 from engines.megakernel.faults import ALL_FAULTS, BY_NAME, MODEL_NEEDS, knobs
@@ -46,6 +47,7 @@ def check_lowered(eng: MegakernelEngine, batch: int, window: int, want_taps: boo
     vmem = sum(tiled_bytes(shape, MOSAIC_DTYPES[d]) for shape, d, space in k.args if space == "vmem")
     assert vmem == b.declared, (batch, window, vmem, b.declared)  # the budget counts what Mosaic is asked for
     assert k.vmem_limit_bytes == b.limit  # and passes its limit
+    assert not k.refused_reshapes  # every vector reshape one Mosaic's layout pass accepts (seen on a TPU v5e)
     c = eng.config
     # RoPE by lane rotation, its tables one row each (no permutation matrix); Kimi's MLA layers have no RoPE
     assert k.ops["tpu.dynamic_rotate"] > 0 or not c.attn_layers
@@ -140,6 +142,34 @@ def test_bad_chip_and_mosaic_without_tpu_are_refused(mini_llama):
         MegakernelEngine(mini_llama.weights, interpret="mosaic")
 
 
+# Reshapes compiled, or refused, on a TPU v5e by Mosaic (jax 0.10.2): src, dst, element bits
+ACCEPTED = [((4, 64), (4, 4, 16), 32), ((4, 4, 16), (8, 2, 16), 32), ((4, 2, 16), (8, 16), 32),
+            ((4, 64), (4, 2, 2, 16), 16), ((4, 96), (4, 4, 24), 32), ((8, 256), (8, 2, 128), 32),
+            ((4, 256), (8, 128), 32), ((4, 16), (4, 16, 1), 32), ((4, 64), (4, 1, 64), 16)]
+REFUSED = [((4, 64), (8, 2, 16), 32), ((4, 64), (16, 16), 32), ((4, 128), (16, 32), 32),
+           ((4, 96), (16, 1, 24), 32), ((8, 2, 16), (4, 64), 32), ((4, 16), (4, 16, 1), 16)]
+
+
+def test_shape_cast_rule_matches_what_mosaic_did_on_a_tpu():
+    assert all(tpu.shape_cast_ok(*c) for c in ACCEPTED)
+    assert not any(tpu.shape_cast_ok(*c) for c in REFUSED)
+    # two legal casts back to back are folded into one, which Mosaic refused
+    text = (' %5 = "vector.shape_cast"(%4) : (vector<4x64xf32>) -> vector<4x4x16xf32>\n'
+            ' %6 = "vector.shape_cast"(%5) : (vector<4x4x16xf32>) -> vector<8x2x16xf32>\n')
+    assert tpu.refused_reshapes(text) == ("(4, 64) -> (8, 2, 16) (32-bit)",)
+    apart = text.replace("(%5)", "(%9)").replace(" %6", " %9 = arith.addf(%5, %5)\n %6")
+    assert tpu.refused_reshapes(apart) == ()
+
+
+def test_the_head_split_mosaic_refused_is_caught_on_the_host(mini_llama, monkeypatch):
+    """The kernel's first TPU compile failed at [B, H*hd] -> [B*K, G, hd] in one reshape; ops.reshape stages it.
+    With the plain reshape put back, the host-side check names that cast."""
+    eng = MegakernelEngine(mini_llama.weights, "float32")
+    monkeypatch.setattr(mk_ops, "reshape", lambda x, *shape: x.reshape(shape))
+    _, low = eng.lower_decode(4, 256)
+    assert "(4, 64) -> (8, 2, 16) (32-bit)" in low.kernel().refused_reshapes
+
+
 def test_budget_command():
     def cmd(*args):
         return subprocess.run([sys.executable, "-m", "benchmarks.vmem", *args], capture_output=True, text=True,
@@ -156,3 +186,17 @@ def test_budget_command():
     assert "DOES NOT FIT" in text and "weights" in text
     bad = cmd("--chip", "v9")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "v9" in bad.stderr
+
+
+def test_tpu_scripts_refuse_a_host_without_a_tpu_and_the_probe_runs_in_interpret_mode(tmp_path):
+    """interop/tpu_check.py and tpu_probe.py run on a TPU host; here they say so in one line (exit 2), and the
+    probe's own logic runs on the generic interpreter: the faithful kernel's tokens equal the reference's."""
+    for mod in ("interop.tpu_check", "interop.tpu_probe"):
+        p = subprocess.run([sys.executable, "-m", mod, "--out", str(tmp_path / "x")], capture_output=True, text=True)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and "TPU" in p.stderr, (mod, p.stderr)
+    out = tmp_path / "probe.jsonl"
+    p = subprocess.run([sys.executable, "-m", "interop.tpu_probe", "--interpret", "generic", "--model", "mini-llama",
+                        "--dtype", "float32", "--out", str(out)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    row = json.loads(out.read_text())
+    assert row["ok"] and row["tokens_equal"] and row["max_top1_logprob_delta"] < 1e-4, row
