@@ -25,7 +25,7 @@ from evalsuite.doctables import (
     reference_accuracy,
 )
 from evalsuite.interop_tables import interop_capabilities, interop_commands
-from evalsuite.tpu_tables import megakernel_diffs, megakernel_runs, tpu_roofline, tpu_vmem
+from evalsuite.tpu_tables import megakernel_diffs, megakernel_runs, tpu_roofline, tpu_runs, tpu_vmem
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout this module sits in (an editable install)
 BLOCK = re.compile(r"<!-- generated: (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- /generated -->", re.S)
@@ -58,6 +58,7 @@ TABLES = (
     Table("detection-run-gsm8k", "docs/faults.md", detection_run("gsm8k")),
     Table("interop-capabilities", "docs/engines.md", interop_capabilities),
     Table("interop-commands", "docs/engines.md", interop_commands),
+    Table("tpu-runs", "docs/tpu.md", tpu_runs),
     Table("tpu-roofline", "docs/tpu.md", tpu_roofline),
     Table("tpu-vmem", "docs/tpu.md", tpu_vmem),
     Table("megakernel-diffs", "docs/tpu.md", megakernel_diffs),

@@ -91,3 +91,35 @@ def megakernel_runs(root: Path) -> str:
                          "../shared/data/TASK --limit N --json`)",
                          ["model", "task", "items", "reference [95% Wilson]", "megakernel [95% Wilson]", "b (lost)",
                           "c (gained)", "loss at 97.5% at most", "verdict", "seconds"], _run_row)
+
+
+TPU_RUN = "benchmarks/results/tpu-v5e.json"  # interop/tpu_check.py's summary from one TPU v5e host
+
+
+def _probe_cell(r: dict | None) -> str:
+    if r is None:
+        return "not probed"
+    if not r.get("ok"):
+        return "**refused**: " + r.get("error", "?").split("\n")[0][:80]
+    same = "tokens equal" if r["tokens_equal"] else f"tokens differ (first at {r['first_difference']})"
+    return f"ran; {same}; top-1 logprob {_sci(r['max_top1_logprob_delta'])}"
+
+
+def tpu_runs(root: Path) -> str:
+    """What ran on a TPU: the reference against the CPU-made goldens at two matmul precisions, and the megakernel
+    compiled by Mosaic beside the reference on the same chip, per MINI family."""
+    doc = _load(root, TPU_RUN)
+    if doc is None:
+        return _absent(TPU_RUN)
+    hi, lo = doc["golden_highest"]["models"], doc["golden_default"]["models"]
+    probes = {(r["model"], r["dtype"]): r for r in doc["probe"]["rows"]}
+    rows = []
+    for m in dict.fromkeys([*hi, *(k[0] for k in probes)]):
+        g = [f"{v['verdict']} ({v['mismatching_positions']}/{v['positions']}, {_sci(v['max_dlogprob'])})"
+             if (v := d.get(m)) else "not run" for d in (hi, lo)]
+        rows.append([m, *g, _probe_cell(probes.get((m, "float32"))), _probe_cell(probes.get((m, "bfloat16")))])
+    head = ["model", "reference vs golden, precision highest (mismatching, max abs. logprob diff.)",
+            "reference vs golden, the chip's default", "megakernel by Mosaic, float32 (vs the reference)",
+            "megakernel by Mosaic, bfloat16"]
+    return (_source(TPU_RUN, how=f" ({doc['device_kind']}, jax {doc['jax']})") + _table(head, rows)
+            + "\nNot run there: " + "; ".join(doc["not_run"]) + ".\n")
