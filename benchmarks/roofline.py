@@ -5,8 +5,9 @@ traffic implies on a TPU. A paper model: nothing here ran on a TPU. Prints figur
     .venv/bin/python -m benchmarks.roofline --results benchmarks/results/roofline.json
 
 The kernel's bytes follow its DMA schedule (engines/megakernel/kernel.py): each layer's streamed weights once, each
-distinct chosen expert once, the KV cache in whole tiles up to the highest row's position for every row (a tile no
-row attends is skipped), one new K/V slot a row written, and the embedding rows and LM head in XLA.
+distinct chosen expert once, the KV cache in whole tiles up to the highest row's position for every row and the
+last attended tile in pieces of PIECE positions (a tile no row attends is skipped), one new K/V slot a row written,
+and the embedding rows and LM head in XLA.
 Expert choice is taken as uniform and independent per row (the expected number of distinct experts of B rows'
 top-k), the routing a balanced router aims at.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 from benchmarks.vmem import PAPER_CONFIGS, config_of, model_budgets
 from engines.config import Config
 from engines.loop import cache_slots
+from engines.megakernel.attention import PIECE
 from engines.megakernel.engine import ATTN_TILE
 from engines.megakernel.spec import expert_keys, hbm_dtype, moe_keys
 from engines.megakernel.tpu import chip
@@ -50,12 +52,14 @@ def expected_distinct(n_experts: int, top_k: int, rows: int) -> float:
 
 def kv_positions(c: Config, context: int, tile: int) -> tuple[int, int]:
     """Cache positions a row at position `context` reads over all layers in the kernel (whole tiles from the first
-    any row attends, a sliding layer's window start's, to the highest row's position) and attends (the ideal: a
-    sliding layer its window, the new token included)."""
+    any row attends, a sliding layer's window start's, the last attended one in PIECE-position pieces, up to the
+    highest row's position) and attends (the ideal: a sliding layer its window, the new token included)."""
     read = attended = 0
+    piece = min(PIECE, tile)
     for i in range(c.n_layers):
         first = max(context - c.sliding_window + 1, 0) if c.kind(i) == "sliding" else 0
-        read += (-(-context // tile) - first // tile) * tile
+        whole = context // tile  # the tiles attended to their end (first <= context: first // tile <= whole)
+        read += (whole - first // tile) * tile + -(-(context - whole * tile) // piece) * piece
         attended += context + 1 - first
     return read, attended
 

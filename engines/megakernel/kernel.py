@@ -172,7 +172,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             return [pltpu.make_async_copy(w[k].at[l, j], cbuf[j % 2][k], sem_c.at[j % 2, q]) for q, k in enumerate(dk)]
         # the tiles any row attends: below the highest row's position (its own slot too under mask_own_slot)
         reach = functools.reduce(jnp.maximum, [pos_s[b] for b in range(B)])
-        live = jax.lax.div(reach + (TS if kn.mask_own_slot else TS - 1), TS)  # reach >= 0: floor division
+        n_pos = reach + (1 if kn.mask_own_slot else 0)  # the cache positions any row attends: 0 .. n_pos-1
+        live = jax.lax.div(n_pos + TS - 1, TS)  # n_pos >= 0: floor division
         # the lowest row's position: a sliding layer's tiles before its window are never read
         low = functools.reduce(jnp.minimum, [pos_s[b] for b in range(B)])
         x_out[...] = x_in[...]
@@ -194,11 +195,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             # the first tile any row attends: 0, or on a sliding layer the lowest row's window start's
             first = jnp.where(sliding, jax.lax.div(jnp.maximum(low - win + 1, 0), TS), 0) if windowed else 0
 
-            def kv_tile(t):
-                """Tile t of this layer's window (cache positions t*TS..) into KV buffer slot t % kv_buffers."""
-                j = t % spec.kv_buffers
-                return [pltpu.make_async_copy(src.at[a, :, :, pl.ds(t * TS, TS), :], dst[j], sem_kv.at[j, i])
-                        for i, (src, dst) in enumerate(((kc_in, kbufs), (vc_in, vbufs)))]
+            def kv_tile(t):  # tile t of this layer's window: whole, or in pieces up to the last attended position
+                return attention.tile_copies(spec, ((kc_in, kbufs), (vc_in, vbufs)), sem_kv, a, t, n_pos)
 
             if Ld:
                 @pl.when(l < Ld)

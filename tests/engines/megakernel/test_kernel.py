@@ -418,3 +418,33 @@ def test_every_fault_is_in_the_docs_catalogue():
     assert table in page, ("docs/faults.md's fault table differs from the megakernel's catalogue "
                            "(engines/megakernel/faults.py); regenerate it: python -m evalsuite.docgen")
 
+
+
+@pytest.mark.parametrize("context", [200, 100, 256])
+def test_kv_read_is_the_attended_positions_rounded_to_a_piece(mini_llama, monkeypatch, context):
+    """The KV the kernel's DMAs move in TPU interpret mode, counted at the copies themselves, at one decode step
+    over `context` cached positions: whole tiles, then the last attended tile in PIECE-position pieces, as the
+    roofline (benchmarks/roofline.py) counts it; at 200, 208 positions a layer where whole tiles read 256."""
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    from benchmarks.roofline import kv_positions
+    from engines.megakernel.attention import PIECE
+    from engines.megakernel.engine import ATTN_TILE
+
+    c = mini_llama.config
+    moved: list[tuple[int, ...]] = []
+    read = ipc.DMA.execute_read
+
+    def counted(self):
+        read(self)
+        moved.append(tuple(self.data.shape))
+
+    monkeypatch.setattr(ipc.DMA, "execute_read", counted)
+    pltpu.reset_tpu_interpret_mode_state()
+    eng = MegakernelEngine(mini_llama.weights, interpret="tpu")
+    prompt = list(np.random.default_rng(3).integers(1, 250, context))
+    eng.generate([prompt], 2)  # the first token from the prefill, the second from one decode step at `context`
+    kv = [s for s in moved if len(s) == 4 and s[0] == 1 and s[1] == c.n_kv_heads and s[3] == c.head_dim]
+    per_layer = sum(s[2] for s in kv) // (2 * c.n_layers)  # K and V
+    assert per_layer == kv_positions(c, context, ATTN_TILE)[0] // c.n_layers
+    assert per_layer == (-(-context // PIECE) * PIECE if context % ATTN_TILE else context)
