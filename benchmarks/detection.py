@@ -118,9 +118,9 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress, only_
     eng = MegakernelEngine(model.weights, dtype, fault=fault)
     first: dict[str, int | None] = {r: None for r in RULES}
     drift_e, drift_r, slopes, witnessed = [], [], [], []
-    # as diff: the bf16 recipe in other reduction orders where flags survive the one recipe
+    # as diff: the judge in other reduction orders where flags survive its own error
     orders = OrderSpread(lambda seed: judge_engine(model, dtype, order_seed=seed, recipe=eng.recipe),
-                         model.weights.nbytes) if dtype != "float32" else None
+                         model.weights.nbytes)
     detail = {"max_kl": 0.0, "max_sglang_dlogprob": 0.0, "real_positions": 0, "flagged": {}}
     t0, taken = time.time(), 0
     for c in range(0, len(prompts), CHUNK):

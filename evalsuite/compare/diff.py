@@ -104,7 +104,7 @@ class _Run:
     skipped: list
     ref: object  # the float32 judge
     recipe: object | None  # bf16: the reference in the engine's declared recipe (or its default)
-    orders: object | None  # bf16: witness.OrderSpread
+    orders: object | None  # witness.OrderSpread
     eng: object
     tol: rule.Tolerances
     # the result's two lists, named as in its JSON
@@ -151,9 +151,10 @@ def _setup(spec: DiffSpec) -> _Run:
     ref = judge(model)  # on the global mesh (evalsuite --mesh), as its bf16 recipe
     declared = eng.recipe if spec.dtype != "float32" else None
     recipe = judge(model, spec.dtype, recipe=declared) if spec.dtype != "float32" else None
-    # bf16: where flags survive the recipe's own error, the recipe in other reduction orders (witness.ORDER_SEEDS)
+    # where flags survive the judge's own error (float32: from float64; bf16: its recipe's), the same judge in other
+    # reduction orders (witness.ORDER_SEEDS)
     orders = witness.OrderSpread(lambda seed: judge(model, spec.dtype, order_seed=seed, recipe=declared),
-                                 model.weights.nbytes) if recipe else None
+                                 model.weights.nbytes)
     run = _Run(spec, model, pset, encoded, skipped, ref, recipe, orders, eng,
                rule.Tolerances.for_dtype(spec.dtype, spec.noise_tol))
     caps = run.caps
