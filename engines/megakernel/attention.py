@@ -21,34 +21,44 @@ HIGHEST = jax.lax.Precision.HIGHEST  # float32 operands at full precision, never
 PIECE = 16
 
 
-class Guarded:
-    """An async copy started, and waited, only where a traced condition holds (the same one both times)."""
+class TileCopy:
+    """Tile t's K and V copies at the size its rows need: the one of TS / PIECE sizes (PIECE, 2 PIECE, .., TS) that
+    covers the positions below n_pos, picked by one lax.switch at the start and the same one at the wait (one
+    branch a tile, not a condition a piece: the generic interpreter pays for every condition it meets)."""
 
-    def __init__(self, copy, cond):
-        self.copy, self.cond = copy, cond
+    def __init__(self, spec: KernelSpec, pairs, sems, a, t: int, n_pos):
+        TS, j = spec.tile, t % spec.kv_buffers
+        piece = min(PIECE, TS)
+        self.pick = jnp.clip(jax.lax.div(n_pos - t * TS + piece - 1, piece), 1, TS // piece) - 1
+        self.sizes = [[pltpu.make_async_copy(src.at[a, :, :, pl.ds(t * TS, n), :], dst[j].at[:, :, pl.ds(0, n), :],
+                                             sems.at[j, i]) for i, (src, dst) in enumerate(pairs)]
+                      for n in range(piece, TS + 1, piece)]
+
+    def _each(self, go):
+        def branch(cps):
+            def run():
+                for cp in cps:
+                    go(cp)
+            return run
+
+        branches = [branch(cps) for cps in self.sizes]
+        if len(branches) == 1:
+            branches[0]()
+        else:
+            jax.lax.switch(self.pick, branches)
 
     def start(self):
-        pl.when(self.cond)(self.copy.start)
+        self._each(lambda cp: cp.start())
 
     def wait(self):
-        pl.when(self.cond)(self.copy.wait)
+        self._each(lambda cp: cp.wait())
 
 
-def tile_copies(spec: KernelSpec, pairs, sems, a, t: int, n_pos) -> list[Guarded]:
+def tile_copies(spec: KernelSpec, pairs, sems, a, t: int, n_pos) -> list[TileCopy]:
     """Tile t (cache positions t*TS..) of cache layer a, for each (cache in HBM, its KV buffers) of pairs, into buffer
-    t % kv_buffers: whole where every position of it is attended (below n_pos, the positions any row attends), else
-    in PIECE-position pieces up to n_pos. What a piece leaves unread is masked, as every unattended slot is."""
-    TS, j = spec.tile, t % spec.kv_buffers
-    whole = (t + 1) * TS <= n_pos
-    out = []
-    for i, (src, dst) in enumerate(pairs):
-        out.append(Guarded(pltpu.make_async_copy(src.at[a, :, :, pl.ds(t * TS, TS), :], dst[j], sems.at[j, i]),
-                           whole))
-        for p in range(0, TS, PIECE) if TS > PIECE else ():
-            piece = pltpu.make_async_copy(src.at[a, :, :, pl.ds(t * TS + p, PIECE), :],
-                                          dst[j].at[:, :, pl.ds(p, PIECE), :], sems.at[j, i])
-            out.append(Guarded(piece, jnp.logical_not(whole) & (t * TS + p < n_pos)))
-    return out
+    t % kv_buffers, up to n_pos (the positions any row attends) rounded up to PIECE. What the copy leaves unread is
+    masked, as every unattended slot is."""
+    return [TileCopy(spec, pairs, sems, a, t, n_pos)]
 
 
 def window(spec: KernelSpec) -> tuple[bool, int]:
