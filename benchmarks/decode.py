@@ -1,6 +1,6 @@
 """Decode benchmark on smollm2-135m float32: reference vs megakernel (prints figures, asserts nothing).
 
-    .venv/bin/python -m benchmarks.decode [--steps N] [--json]
+    .venv/bin/python -m benchmarks.decode [--steps N] [--json] [--results benchmarks/results/decode.json]
 
 Figures, all measured in the same run: the machine's read bandwidth, the batch-1 floor (weight
 bytes per step / bandwidth), the reference's decode ms/token at batch 1 (ratio to the floor) and
@@ -17,11 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
 
 from engines.base import next_pow2
+from evalsuite.speed_tables import decode_report
 
 COLD_SCRIPT = """
 import sys, time
@@ -114,6 +116,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--results", default=None, help="also write the figures as JSON here (docs/benchmarks.md's table)")
     ap.add_argument("--cold", action="store_true",
                     help="also time a fresh process's first generate, cache empty/filled")
     ap.add_argument("--models", default=None,
@@ -172,31 +175,20 @@ def main() -> None:
             r["first_generate_s_cache_empty"] = first_generate_seconds(d)
             r["first_generate_s_cache_filled"] = first_generate_seconds(d)
         r["first_generate_s_cache_off"] = first_generate_seconds("off")
+    if args.results:
+        from evalsuite.versions import versions
+
+        doc = {"benchmark": "decode", "command": f"python -m benchmarks.decode --steps {args.steps}"
+               + (" --cold" if args.cold else ""), "steps": args.steps, "seed": 0, **r, "versions": versions(),
+               "weights_sha256": m.weights.sha256}
+        Path(args.results).write_text(json.dumps(doc, indent=1) + "\n")
     if args.json:
         print(json.dumps(r, indent=1))
         return
-    print(f"read bandwidth                 {bw:8.1f} GB/s (numpy sum of 1 GiB, best of 5)")
-    print(f"weights                        {m.weights.nbytes / 1e6:8.1f} MB float32")
-    print(f"floor, batch 1                 {floor_ms:8.1f} ms/token")
-    print(f"reference decode, batch 1      {r['ref_ms_per_step_b1']:8.1f} ms/token "
-          f"({r['ref_ratio_to_floor_b1']:.2f}x floor; target <= 1.0x)")
-    for b in (8, 32):
-        print(f"reference decode, batch {b:<2}     {r[f'ref_tokens_per_s_b{b}']:8.1f} tokens/s "
-              f"({r[f'ref_tokens_per_s_ratio_b{b}_vs_b1']:.1f}x batch 1; target at 32: >= 15x)")
-    print(f"  batch 32, 1000-token context {r['ref_tokens_per_s_b32_ctx1000']:8.1f} tokens/s "
-          f"({r['ref_ms_per_step_b32_ctx1000']:.1f} ms/step, 2048-slot cache)")
-    print(f"reference prefill, 256 tokens  {r['ref_prefill_tokens_per_s_256']:8.1f} tokens/s")
-    print(f"reference prefill, 4 x 1024    {r['ref_prefill_tokens_per_s_4x1024']:8.1f} tokens/s")
-    for b in (1, 8):
-        print(f"megakernel decode, batch {b}     {r[f'mk_ms_per_step_b{b}']:8.1f} ms/step "
-              f"({r[f'mk_ratio_vs_ref_b{b}']:.2f}x reference; target <= 1.5x)")
-    for name in ("mini-llama", "mini-moe"):
-        print(f"TPU interpret, {name:<10}      {r[f'tpu_interpret_s_per_step_{name}']:8.3f} s/step (batch 1)")
-    print(f"recompiles in timed loops      {r['recompiles']:8d}")
-    if args.cold:
-        print(f"first generate, fresh process  {r['first_generate_s_cache_empty']:8.1f} s cache empty, "
-              f"{r['first_generate_s_cache_filled']:.1f} s cache filled, "
-              f"{r['first_generate_s_cache_off']:.1f} s cache off")
+    for line in decode_report(r):
+        print(line)
+
+
 
 
 if __name__ == "__main__":

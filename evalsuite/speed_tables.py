@@ -1,0 +1,47 @@
+"""docs/benchmarks.md's speed figures, rendered from benchmarks/results/decode.json (written by
+`python -m benchmarks.decode --results benchmarks/results/decode.json`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evalsuite.doctables import _absent, _load, _source
+
+DECODE = "benchmarks/results/decode.json"
+
+
+def decode_report(r: dict) -> list[str]:
+    """benchmarks/decode.py's figures as its console and docs/benchmarks.md show them."""
+    out = []
+    bw, floor_ms = r["read_bandwidth_GBps"], r["floor_ms_per_token_b1"]
+    out.append(f"read bandwidth                 {bw:8.1f} GB/s (numpy sum of 1 GiB, best of 5)")
+    out.append(f"weights                        {r['weight_bytes'] / 1e6:8.1f} MB float32")
+    out.append(f"floor, batch 1                 {floor_ms:8.1f} ms/token")
+    out.append(f"reference decode, batch 1      {r['ref_ms_per_step_b1']:8.1f} ms/token "
+          f"({r['ref_ratio_to_floor_b1']:.2f}x floor; target <= 1.0x)")
+    for b in (8, 32):
+        out.append(f"reference decode, batch {b:<2}     {r[f'ref_tokens_per_s_b{b}']:8.1f} tokens/s "
+              f"({r[f'ref_tokens_per_s_ratio_b{b}_vs_b1']:.1f}x batch 1; target at 32: >= 15x)")
+    out.append(f"  batch 32, 1000-token context {r['ref_tokens_per_s_b32_ctx1000']:8.1f} tokens/s "
+          f"({r['ref_ms_per_step_b32_ctx1000']:.1f} ms/step, 2048-slot cache)")
+    out.append(f"reference prefill, 256 tokens  {r['ref_prefill_tokens_per_s_256']:8.1f} tokens/s")
+    out.append(f"reference prefill, 4 x 1024    {r['ref_prefill_tokens_per_s_4x1024']:8.1f} tokens/s")
+    for b in (1, 8):
+        out.append(f"megakernel decode, batch {b}     {r[f'mk_ms_per_step_b{b}']:8.1f} ms/step "
+              f"({r[f'mk_ratio_vs_ref_b{b}']:.2f}x reference; target <= 1.5x)")
+    for name in ("mini-llama", "mini-moe"):
+        out.append(f"TPU interpret, {name:<10}      {r[f'tpu_interpret_s_per_step_{name}']:8.3f} s/step (batch 1)")
+    out.append(f"recompiles in timed loops      {r['recompiles']:8d}")
+    if "first_generate_s_cache_empty" in r:
+        out.append(f"first generate, fresh process  {r['first_generate_s_cache_empty']:8.1f} s cache empty, "
+              f"{r['first_generate_s_cache_filled']:.1f} s cache filled, "
+              f"{r['first_generate_s_cache_off']:.1f} s cache off")
+    return out
+
+
+def decode_figures(root: Path) -> str:
+    doc = _load(root, DECODE)
+    if doc is None:
+        return _absent(DECODE)
+    return (_source(DECODE, how=f" (`{doc['command']}`, smollm2-135m float32, one run)") + "```\n"
+            + "\n".join(decode_report(doc)) + "\n```\n")
