@@ -265,3 +265,33 @@ def test_in_float32_flags_the_float64_witness_leaves_are_judged_by_other_reducti
 
     assert judged(1.5e-3) == ([], True)  # another order 1.5e-3 from float64: 2 x 1.5e-3 covers the engine's 2e-3
     assert judged(1e-5) == ([2], True)  # every order as close as the reference: the flag stands
+
+
+def test_in_float32_a_prompt_with_many_flags_gets_no_other_orders():
+    """A bug flags run after run of positions; the float32 orders (4 forwards a prompt) run only where at most
+    witness.F32_ORDER_MAX_FLAGS isolated flags survive the float64 witness."""
+    from evalsuite.compare import witness
+
+    toks, ref, _ = _records(0.0)
+    moved = np.array(ref.logits, float)
+    moved[:, int(np.argsort(ref.logits[0])[10])] += 2e-3  # every position moved past the bound
+    eng = Forced.from_logits(moved, toks, 5)
+    tol = Tolerances.for_dtype("float32")
+
+    class Judge:
+        def float64_logits(self, prompt, tokens):
+            return np.array(ref.logits, float)
+
+    class Gen:
+        token_ids, logits = list(toks), ref.logits
+
+        def track(self):
+            return ref
+
+    built: list = []
+    rec = compare_prompt(toks, ref, eng, None, tol)
+    assert len(rec["real_positions"]) > witness.F32_ORDER_MAX_FLAGS
+    spread = witness.OrderSpread(lambda seed: _Order(np.array(ref.logits, float), built))
+    out = witness.with_witness(Judge(), witness.Flagged([1], Gen(), eng, None, rec), tol, [], spread)
+    assert out["real_positions"] == rec["real_positions"] and not built
+    assert not out["conditioning"]["other_orders"]["run"] and "isolated" in out["conditioning"]["other_orders"]["why"]
