@@ -123,6 +123,8 @@ def main() -> None:
                     help="comma-separated models: only the reference's batch-1 decode against the floor, per model "
                          "(e.g. gemma3-270m,qwen2.5-coder-0.5b after install.sh --models ...)")
     args = ap.parse_args()
+    if args.results and not Path(args.results).parent.is_dir():  # before minutes of timing, not after
+        raise SystemExit(f"error: --results {args.results}: no directory {Path(args.results).parent}")
     if args.models:
         return floors(args.models.split(","), args.steps, args.json)
 

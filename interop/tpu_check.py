@@ -127,11 +127,25 @@ def main(argv=None) -> int:
         print(f"tpu_check: diff through Mosaic on {len(ran)} family/dtype pairs that ran", flush=True)
         summary["diff"] = diffs(ran, chip, out)
         write()
-    ok = (all(r.get("verdict") == "PASS" for r in summary.get("golden_highest", {}).get("models", {}).values())
-          and all(r.get("verdict") == "PASS" for r in summary.get("diff", {}).values())
-          and all(r.get("ok") for r in summary.get("probe", {}).get("rows", [])))
+    summary["verdict"], summary["why"] = verdict(summary)
+    write()
     print(json.dumps(summary, indent=1))
-    return 0 if ok else 1
+    return {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3}[summary["verdict"]]
+
+
+def verdict(summary: dict) -> tuple[str, list[str]]:
+    """PASS only where all three steps ran and each judged something and passed; FAIL where any golden check at full
+    precision, probe or diff failed; INCONCLUSIVE (not checked) where a step did not run or judged nothing."""
+    golden = summary.get("golden_highest", {}).get("models", {})
+    probes = summary.get("probe", {}).get("rows", [])
+    diffs = summary.get("diff", {})
+    failed = ([f"golden {m}" for m, r in golden.items() if not isinstance(r, dict) or r.get("verdict") != "PASS"]
+              + [f"probe {r['model']} {r['dtype']}" for r in probes if not r.get("ok")]
+              + [f"diff {k}" for k, r in diffs.items() if r.get("verdict") != "PASS"])
+    if failed:
+        return "FAIL", failed
+    unrun = [step for step, judged in (("golden", golden), ("probe", probes), ("diff", diffs)) if not judged]
+    return ("INCONCLUSIVE", [f"not checked: {s}" for s in unrun]) if unrun else ("PASS", [])
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 # With internet: installs .venv by install.sh and jax's TPU build at the same version. Without (a TPU host that
 # reaches no package index): --wheels DIR installs the wheels `bash interop/tpu_wheels.sh` made elsewhere beside
 # the host's own jax. Results: runs/tpu-check/ (summary.json and each command's JSON). Exit 0 when every check
-# PASSes, 1 otherwise, 2 when jax here runs on no TPU.
+# ran and PASSes, 1 when one FAILs, 3 when a step ran nothing (not checked), 2 when jax here runs on no TPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 wheels="" chip=""

@@ -7,7 +7,8 @@ Mosaic accepts, before `evalsuite diff --engine-option interpret=mosaic` judges 
 Each (model, dtype) is one JSON line in --out, written as it finishes: ok (the step compiled and ran), tokens
 equal, the first differing position, the largest |delta| of the top-1 logprob over the common prefix, compile and
 step seconds, or the error's last lines. Exit 0 when every probe ran (equality is reported, not required: the
-verdict is `evalsuite diff`'s); 2 when jax here runs on no TPU (unless --interpret names a CPU mode).
+verdict is `evalsuite diff`'s), 1 when one did not (refused by Mosaic, an unknown model); 2 when jax here runs on no
+TPU (unless --interpret names a CPU mode).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def main(argv=None) -> int:
         print(f"error: jax here runs on {backend}; interpret=mosaic needs a TPU host", file=sys.stderr)
         return 2
     print(f"jax {jax.__version__} on {jax.devices()}", flush=True)
+    ran = True
     with open(a.out, "w") as f:
         for name in a.model or FAMILIES:
             for dtype in a.dtype or ("float32", "bfloat16"):
@@ -88,7 +90,8 @@ def main(argv=None) -> int:
                 brief = {k: row.get(k) for k in ("ok", "tokens_equal", "first_difference", "max_top1_logprob_delta",
                                                  "first_call_s", "second_call_s", "error")}
                 print(name, dtype, json.dumps(brief), flush=True)
-    return 0
+                ran = ran and row["ok"]
+    return 0 if ran else 1
 
 
 if __name__ == "__main__":

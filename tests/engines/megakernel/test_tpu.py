@@ -200,3 +200,21 @@ def test_tpu_scripts_refuse_a_host_without_a_tpu_and_the_probe_runs_in_interpret
     assert p.returncode == 0, p.stderr
     row = json.loads(out.read_text())
     assert row["ok"] and row["tokens_equal"] and row["max_top1_logprob_delta"] < 1e-4, row
+
+
+def test_tpu_check_passes_only_what_ran_and_passed():
+    """interop.tpu_check's verdict: a step that ran nothing is not checked (never PASS), any failure FAILs."""
+    from interop.tpu_check import verdict
+
+    golden = {"golden_highest": {"models": {"mini-llama": {"verdict": "PASS"}}}}
+    probe = {"probe": {"rows": [{"model": "mini-llama", "dtype": "float32", "ok": True}]}}
+    diff = {"diff": {"mini-llama float32": {"verdict": "PASS"}}}
+    assert verdict({**golden, **probe, **diff}) == ("PASS", [])
+    assert verdict({**golden, **probe}) == ("INCONCLUSIVE", ["not checked: diff"])
+    assert verdict({**golden, "probe": {"rows": []}, "diff": {}})[0] == "INCONCLUSIVE"  # nothing compiled: no PASS
+    assert verdict({})[0] == "INCONCLUSIVE"
+    bad = {**golden, **probe, "diff": {"mini-llama float32": {"verdict": "FAIL"}}}
+    assert verdict(bad) == ("FAIL", ["diff mini-llama float32"])
+    refused = {"probe": {"rows": [{"model": "m", "dtype": "bfloat16", "ok": False}]}}
+    assert verdict({**golden, **diff, **refused})[0] == "FAIL"
+    assert verdict({"golden_highest": {"models": {"error": "no JSON"}}, **probe, **diff})[0] == "FAIL"
