@@ -12,7 +12,6 @@ from engines.megakernel import ops
 from engines.megakernel.spec import KernelSpec, cache_dims
 
 F32 = jnp.float32
-HIGHEST = jax.lax.Precision.HIGHEST  # float32 operands at full precision, never a TPU's bf16 passes
 
 
 # Cache positions a piece of the last attended tile moves: a step reads the KV its rows attend rounded up to PIECE,
@@ -128,7 +127,8 @@ def attend(spec: KernelSpec, q, k, v, pos_v, sliding, first, live, kv_tile, kbuf
             j = t % spec.kv_buffers
             kt = kbufs[j][...].reshape(B * K, TS, hd).astype(F32)
             vt = vbufs[j][...].reshape(B * K, TS, dv).astype(F32)
-            sc = jnp.einsum("nqd,nkd->nqk", qg, kt, preferred_element_type=F32, precision=HIGHEST)  # [n, G, TS]
+            sc = jnp.einsum("nqd,nkd->nqk", qg, kt, preferred_element_type=F32,
+                            precision=ops.precision(F32))  # [n, G, TS]
             col = t * TS + jax.lax.broadcasted_iota(jnp.int32, (B * K, 1, TS), 2)
             # V is masked as well as the scores: an unwritten slot may hold anything (NaN included), and a zero
             # probability times NaN is NaN
@@ -138,7 +138,7 @@ def attend(spec: KernelSpec, q, k, v, pos_v, sliding, first, live, kv_tile, kbuf
         mla = jax.lax.cond((t >= first) & (t < live), tile_step, lambda m: m, mla)
     if not kn.skip_new_kv:  # the fault: the newest entry is never attended to
         sc = jnp.einsum("nqd,nkd->nqk", qg, ops.reshape(k, B * K, 1, hd), preferred_element_type=F32,
-                        precision=HIGHEST)  # [n, G, 1]
+                        precision=ops.precision(F32))  # [n, G, 1]
         mla = ops.online_softmax_step(mla, ops.softcap(sc, c.attn_softcap), ops.reshape(v, B * K, 1, dv))
     _, lsum, acc = mla
     out = jnp.where(lsum > 0, acc / jnp.maximum(lsum, 1e-30), 0.0)  # [n, G, dv]

@@ -15,7 +15,6 @@ from engines.megakernel import mla, mxfp4, ops, recurrent
 from engines.megakernel.spec import cache_dims, cache_shapes, expert_keys, mla_keys, mode_dtype, unchunked
 
 F32 = jnp.float32
-HIGH = jax.lax.Precision.HIGHEST  # float32 at full precision on every backend (a TPU defaults to bf16 passes)
 
 
 def _attend(c: Config, q, k, v, visible, scale: float, sink):
@@ -23,7 +22,7 @@ def _attend(c: Config, q, k, v, visible, scale: float, sink):
     soft-capped (Gemma 2) before the mask; sink [1, H, 1, 1]: gpt-oss's per-head logit in the denominator only."""
     G = q.shape[2] // k.shape[2]
     kr, vr = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)  # head h reads kv head h // G
-    sc = jnp.einsum("bqhd,bkhd->bhqk", q, kr, preferred_element_type=F32, precision=HIGH)
+    sc = jnp.einsum("bqhd,bkhd->bhqk", q, kr, preferred_element_type=F32, precision=ops.precision(F32))
     sc = ops.softcap(sc * scale, c.attn_softcap)
     sc = jnp.where(visible, sc, -jnp.inf)
     top = jnp.max(sc, axis=-1, keepdims=True)
@@ -31,7 +30,7 @@ def _attend(c: Config, q, k, v, visible, scale: float, sink):
         top = jnp.maximum(top, sink)
     pr = jnp.exp(sc - top)
     pr = pr / (jnp.sum(pr, axis=-1, keepdims=True) + (jnp.exp(sink - top) if sink is not None else 0.0))
-    return jnp.einsum("bhqk,bkhd->bqhd", pr, vr, preferred_element_type=F32, precision=HIGH)
+    return jnp.einsum("bhqk,bkhd->bqhd", pr, vr, preferred_element_type=F32, precision=ops.precision(F32))
 
 
 def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: jax.Array, slots: int,
