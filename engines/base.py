@@ -179,6 +179,9 @@ PATHS = {
     "shared_prefix_unaligned": "a shared prefix whose length is not a power of two",
     "multi_tile": "a decode step's attention over two or more cache tiles",
     "teacher_forced": "tokens fed by decode steps along given continuations",
+    "spec_accept_all": "a speculative verify step that accepted every draft (the bonus token from its last row)",
+    "spec_reject_first": "a speculative verify step that rejected the first draft (rolled back to the anchor)",
+    "spec_partial": "a speculative verify step that accepted some drafts and rejected the rest (a rollback mid-block)",
 }
 
 
@@ -360,6 +363,11 @@ class Engine(abc.ABC):
     def path_log(self) -> PathLog | None:
         """The paths this engine ran since it was built (PATHS), or None: it does not report them."""
         return None
+
+    def run_stats(self) -> dict:
+        """Figures the engine measured about itself since it was built, for result files and reports (a speculative
+        engine: its acceptance length and rates); {} where it has none. Reported, never judged."""
+        return {}
 
     def score(self, seqs: Sequence[Sequence[int]], want_taps: bool = False) -> list[Scored]:
         raise ModelError(f"engine {self.name} offers no full-vocabulary logits")
