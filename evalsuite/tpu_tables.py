@@ -122,4 +122,22 @@ def tpu_runs(root: Path) -> str:
             "reference vs golden, the chip's default", "megakernel by Mosaic, float32 (vs the reference)",
             "megakernel by Mosaic, bfloat16"]
     return (_source(TPU_RUN, how=f" ({doc['device_kind']}, jax {doc['jax']})") + _table(head, rows)
-            + "\nNot run there: " + "; ".join(doc["not_run"]) + ".\n")
+            + _tpu_diffs(doc.get("diff") or {}) + "\nNot run there: " + "; ".join(doc["not_run"]) + ".\n")
+
+
+def _tpu_diffs(diffs: dict) -> str:
+    """`evalsuite diff` with the kernel compiled by Mosaic, judged by the reference on the same chip."""
+    if not diffs:
+        return "\n`evalsuite diff` through Mosaic: not run.\n"
+    rows = []
+    for key, r in diffs.items():
+        if r["verdict"] is None:
+            rows.append([key, "not finished", "-", "-", "-", "-", r["why"]])
+            continue
+        rows.append([key, f"**{r['verdict']}**", f"{r['positions']:,}", str(r["real_mismatches"]),
+                     f"{r['prompts_identical']} of {r['prompts']}", _sci(r["max_dlogprob"]),
+                     "; ".join(n.split(";")[0] for n in r["not_checked"]) or "-"])
+    return ("\n`evalsuite diff --prompts quick --engine-option interpret=mosaic` on the chip (the megakernel compiled by "
+            "Mosaic against the reference there):\n\n"
+            + _table(["model, dtype", "verdict", "positions", "real mismatches", "identical", "max abs. logprob diff.",
+                      "not checked"], rows))

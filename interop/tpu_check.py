@@ -96,12 +96,14 @@ def main(argv=None) -> int:
     ap.add_argument("--step", action="append", choices=("golden", "probe", "diff"))
     ap.add_argument("--out", default="runs/tpu-check")
     a = ap.parse_args(argv)
-    import jax
-
-    if jax.default_backend() != "tpu":
-        print(f"error: jax here runs on {jax.default_backend()}; this check needs a TPU host", file=sys.stderr)
+    info = device_info()  # in a process of its own: a process that opens the chip holds it until it exits
+    if info.get("error"):
+        print(f"error: {info['error']}", file=sys.stderr)
         return 2
-    kind = jax.devices()[0].device_kind
+    if info["backend"] != "tpu":
+        print(f"error: jax here runs on {info['backend']}; this check needs a TPU host", file=sys.stderr)
+        return 2
+    kind = info["device_kind"]
     chip = a.chip or DEVICE_KINDS.get(kind)
     if chip is None:
         print(f"error: unknown TPU {kind!r}; name the generation (v5e, v5p, v6e, v7)", file=sys.stderr)
@@ -109,9 +111,8 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     steps = a.step or ["golden", "probe", "diff"]
-    summary = {"device_kind": kind, "chip": chip, "devices": len(jax.devices()), "jax": jax.__version__,
+    summary = {"device_kind": kind, "chip": chip, "devices": info["devices"], "jax": info["jax"],
                "python": platform.python_version(), "steps": steps}
-    del jax  # the chip is held by each step's own process from here
     write = lambda: (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")  # noqa: E731
     if "golden" in steps:
         for precision in ("highest", "default"):
@@ -131,6 +132,20 @@ def main(argv=None) -> int:
     write()
     print(json.dumps(summary, indent=1))
     return {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3}[summary["verdict"]]
+
+
+def device_info() -> dict:
+    """jax's backend, device kind and count, and version, asked of a child process (a one-chip host lets one process
+    at a time hold the chip, and a parent that had opened it kept every step from starting: "Unable to initialize
+    backend 'tpu'", seen on a v5e)."""
+    code = ("import json, jax; d = jax.devices(); print(json.dumps({'backend': jax.default_backend(), "
+            "'device_kind': d[0].device_kind, 'devices': len(d), 'jax': jax.__version__}))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    try:
+        return json.loads(p.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"jax could not list the devices here: {tail}"}
 
 
 def verdict(summary: dict) -> tuple[str, list[str]]:
