@@ -295,11 +295,12 @@ def export_cmd(run_dir, output) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--served-model-name", default=None, help="Model id in the API (default: --model).")
-def serve(engine, model, dtype, fault, host, port, served_model_name) -> None:
+@engine_option
+def serve(engine, model, dtype, fault, host, port, served_model_name, engine_options) -> None:
     """Serve ENGINE over an OpenAI-compatible HTTP API (vLLM's shapes) until interrupted."""
     from evalsuite.serve import serve as run_server
 
-    run_server(engine, model, dtype, fault, host, port, served_model_name)
+    run_server(engine, model, dtype, fault, host, port, served_model_name, dict(_engine_options(engine_options)))
 
 
 @main.command("lm-eval", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,

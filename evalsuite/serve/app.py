@@ -290,7 +290,7 @@ def check_port(host: str, port: int) -> None:
 
 
 def serve(engine_name: str, model_name: str, dtype: str, fault: str | None, host: str, port: int,
-          served_name: str | None = None) -> None:
+          served_name: str | None = None, extra: dict | None = None) -> None:
     import uvicorn
 
     from evalsuite.errors import SpecError
@@ -304,11 +304,11 @@ def serve(engine_name: str, model_name: str, dtype: str, fault: str | None, host
     model = load_model(model_name)
     if model.tokenizer is None:
         raise ModelError(f"model {model_name} has no tokenizer: the API needs one")
-    engine = make_engine(engine_name, model, dtype, fault)
+    engine = make_engine(engine_name, model, dtype, fault, extra)
     name = served_name or model_name
     check = self_check(engine, model.tokenizer)
     print(f"serve: self-check {check['verdict']}: {check['detail']}", file=sys.stderr, flush=True)
-    info = {"engine": engine_name, "dtype": dtype, "fault": fault, "weights_sha256": model.weights.sha256,
+    info = {"engine": engine_name, "engine_options": extra or {}, "dtype": dtype, "fault": fault, "weights_sha256": model.weights.sha256,
             "fingerprint": engine.fingerprint, "echo_path": engine.capabilities.forced_path, "self_check": check}
     app = build_app(engine, model, name, info)
     print(f"serve: {engine_name} ({dtype}, fault={fault}) serving {name} on http://{host}:{port}/v1",

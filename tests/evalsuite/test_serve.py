@@ -164,11 +164,16 @@ def test_eight_concurrent_requests_equal_eight_sequential(mini_server):
                                                   # test_faulted_served_engine_fails_golden_and_moves_gpqa_scores
                                                   # and stale_feedback in test_run and test_evidence
                                                   pytest.param("megakernel", "stale_feedback", "FAIL",
-                                                               marks=pytest.mark.heavy)])
+                                                               marks=pytest.mark.heavy),
+                                                  # a server decoding speculatively, against the reference
+                                                  ("spec", None, "PASS"),
+                                                  pytest.param("spec", "bonus_row", "FAIL", marks=pytest.mark.heavy)])
 def test_diff_over_the_api(engine, fault, verdict, tmp_path):
     """mini-llama servers (fast); a generation-loop fault is caught over the API as in-process, and the
     report of a FAIL over the API is written (it crashed before: KeyError 'dlogit')."""
     args = ["--engine", engine, "--model", "mini-llama"] + (["--fault", fault] if fault else [])
+    if engine == "spec":  # drafts that reach every acceptance length
+        args += ["--engine-option", "drafter=sweep"]
     with served(*args) as url:
         p = cli("diff", "--engine", "openai", "--base-url", url + "/v1", "--against", "reference",
                 "--model", "mini-llama", "--prompts", "quick", "--max-new-tokens", "12", "--json",
