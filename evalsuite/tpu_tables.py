@@ -137,7 +137,7 @@ def _tpu_diffs(diffs: dict) -> str:
         rows.append([key, f"**{r['verdict']}**", f"{r['positions']:,}", str(r["real_mismatches"]),
                      f"{r['prompts_identical']} of {r['prompts']}", _sci(r["max_dlogprob"]),
                      "; ".join(n.split(";")[0] for n in r["not_checked"]) or "-"])
-    return ("\n`evalsuite diff --prompts quick --engine-option interpret=mosaic` on the chip (the megakernel compiled by "
-            "Mosaic against the reference there):\n\n"
+    return ("\n`evalsuite diff --prompts quick --engine-option interpret=mosaic` on the chip (the megakernel compiled "
+            "by Mosaic against the reference there):\n\n"
             + _table(["model, dtype", "verdict", "positions", "real mismatches", "identical", "max abs. logprob diff.",
                       "not checked"], rows))

@@ -308,7 +308,8 @@ def serve(engine_name: str, model_name: str, dtype: str, fault: str | None, host
     name = served_name or model_name
     check = self_check(engine, model.tokenizer)
     print(f"serve: self-check {check['verdict']}: {check['detail']}", file=sys.stderr, flush=True)
-    info = {"engine": engine_name, "engine_options": extra or {}, "dtype": dtype, "fault": fault, "weights_sha256": model.weights.sha256,
+    info = {"engine": engine_name, "engine_options": extra or {}, "dtype": dtype, "fault": fault,
+            "weights_sha256": model.weights.sha256,
             "fingerprint": engine.fingerprint, "echo_path": engine.capabilities.forced_path, "self_check": check}
     app = build_app(engine, model, name, info)
     print(f"serve: {engine_name} ({dtype}, fault={fault}) serving {name} on http://{host}:{port}/v1",
