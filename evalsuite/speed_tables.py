@@ -1,11 +1,12 @@
-"""docs/benchmarks.md's speed figures, rendered from benchmarks/results/decode.json (written by
-`python -m benchmarks.decode --results benchmarks/results/decode.json`)."""
+"""Speed figures for the docs: docs/benchmarks.md's from benchmarks/results/decode.json (written by
+`python -m benchmarks.decode --results benchmarks/results/decode.json`), docs/speculative.md's from
+benchmarks/results/spec.json (`python -m benchmarks.spec --results benchmarks/results/spec.json`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from evalsuite.doctables import _absent, _load, _source
+from evalsuite.doctables import _absent, _load, _source, _table
 
 DECODE = "benchmarks/results/decode.json"
 
@@ -45,3 +46,27 @@ def decode_figures(root: Path) -> str:
         return _absent(DECODE)
     return (_source(DECODE, how=f" (`{doc['command']}`, smollm2-135m float32, one run)") + "```\n"
             + "\n".join(decode_report(doc)) + "\n```\n")
+
+
+SPEC = "benchmarks/results/spec.json"  # python -m benchmarks.spec --results ...
+
+
+def spec_figures(root: Path) -> str:
+    """The spec engine against plain greedy decoding by the same target, per drafter, from one run."""
+    doc = _load(root, SPEC)
+    if doc is None:
+        return _absent(SPEC)
+    rows = []
+    for r in doc["rows"]:
+        d = r.get("diff") or {}
+        rates = ", ".join(f"{x:.2f}" for x in r["acceptance_rate_by_position"] or [])
+        rows.append([f"`{r['drafter']}`", str(r["block"]), f"{r['acceptance_length']:.2f}", f"[{rates}]",
+                     f"{r['target_steps']:,} for {r['tokens_committed']:,}",
+                     f"{r['identical_prompts']} of {r['prompts']}",
+                     f"{r['seconds']:.1f} against {r['plain_seconds']:.1f} ({r['speedup']:.2f}x)",
+                     f"**{d['verdict']}** ({d['real_mismatches']} real of {d['positions']:,})" if d else "not run"])
+    return (_source(SPEC, how=f" (`{doc['command']}`: {doc['model']} {doc['dtype']}, `{doc['prompt_set']}` prompts x "
+                              f"{doc['max_new_tokens']} tokens)")
+            + _table(["drafter", "block", "acceptance length", "acceptance rate by draft position",
+                      "target steps for tokens", "tokens identical to plain", "seconds, plain (speedup)",
+                      "`diff --engine spec`"], rows))
