@@ -276,7 +276,7 @@ def diff_text(r: dict) -> str:
 
 def _parts_lines(r: dict) -> list[str]:
     """The batching part, the engine paths it drove, and the bf16 recipe check, a line each."""
-    from evalsuite.compare import coverage
+    from evalsuite.compare import coverage, speculation
 
     out = []
     b = r.get("batching") or {}
@@ -289,12 +289,8 @@ def _parts_lines(r: dict) -> list[str]:
         out.append(f"batching part: not run ({b.get('why')})")
     if r.get("paths"):
         out.append(f"engine paths: {coverage.text(r['paths'])}")
-    sp = (r.get("engine_stats") or {}).get("speculation")
-    if sp and sp.get("target_steps"):
-        rates = ", ".join(f"{x:.2f}" for x in sp["acceptance_rate_by_position"])
-        out.append(f"speculation ({sp['drafter']} drafts, block {sp['block']}): acceptance length "
-                   f"{sp['acceptance_length']:.2f} tokens a target step, acceptance rate by draft position [{rates}], "
-                   f"{sp['target_steps']} target steps for {sp['tokens_committed']} tokens")
+    if (r.get("engine_stats") or {}).get("speculation"):
+        out.append(speculation.text(r["engine_stats"]["speculation"]))
     rc = r.get("bf16_recipe")
     if rc and rc.get("checked"):
         f = rc["first_over"]

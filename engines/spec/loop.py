@@ -94,33 +94,36 @@ def speculate(eng, draft, prompts, max_new: int, stop: set[int], k: int, want_lo
         nxt, ti, tv, lg, after = run.feed(state, tokens, positions, np.full(B, T), k, want_logits)
         takes, ended = {}, []
         for j, r in enumerate(live):
-            acc = 0
-            while acc < T - 1 and nxt[r, acc] == proposals[j][acc]:
-                acc += 1
-            _count(st, log, acc, T)
-            take = min(acc + 1, T - 1) if fault == "accept_extra" else acc
-            bonus = min(take + 1, T - 1) if fault == "bonus_row" else take
-            new = [(int(proposals[j][m]), m) for m in range(take)] + [(int(nxt[r, bonus]), bonus)]
-            i = rows.prompt_of[r]
+            takes[r], new = _accept(nxt[r], proposals[j], T, fault, st, log)
             for tok, m in new:
                 st.committed += 1
-                if commit(i, tok, ti[r, m], tv[r, m], None if lg is None else lg[r, m]):
+                if commit(rows.prompt_of[r], tok, ti[r, m], tv[r, m], None if lg is None else lg[r, m]):
                     ended.append(r)
                     break
-            takes[r] = take
             rows.ctx[r].extend(tok for tok, _ in new)
         state = _rolled_back(run, state, after, tokens, positions, takes, T, fault, st, B)
         for r, take in takes.items():
             rows.start[r] += T if fault == "no_rollback" else take + 1
-        still = len(live) - len(ended)
         for r in ended:
-            if still:
+            if len(ended) < len(live):
                 log.hit("finish_mid_batch")
             finish(r)
             if queue:
                 log.hit("refill")
                 admit(r)
     return results
+
+
+def _accept(nxt, drafts, T: int, fault, st, log) -> tuple[int, list[tuple[int, int]]]:
+    """One row's greedy acceptance: (drafts kept, [(token, verify row it came from)] to commit: the kept drafts and
+    the bonus token)."""
+    acc = 0
+    while acc < T - 1 and nxt[acc] == drafts[acc]:
+        acc += 1
+    _count(st, log, acc, T)
+    take = min(acc + 1, T - 1) if fault == "accept_extra" else acc
+    bonus = min(take + 1, T - 1) if fault == "bonus_row" else take
+    return take, [(int(drafts[m]), m) for m in range(take)] + [(int(nxt[bonus]), bonus)]
 
 
 def _count(st, log, acc: int, T: int) -> None:
