@@ -130,9 +130,9 @@ class SpeculativeEngine(Engine):
         self._draft_weights = truncated(weights, n) if kind == "layers" else None
         self._kind = kind
         self.capabilities = Capabilities(
-            logits=True, taps=False, forced_path="decode",
-            notes=("forced_topk and score are the target's own (a teacher-forced pass drafts nothing); generate is "
-                   "the speculative path",))
+            logits=True, taps=True, forced_path="decode",
+            notes=("forced_topk and score are the target's own (a teacher-forced pass drafts nothing); generate and "
+                   "step_taps are the speculative path (step_taps: a verify step's anchor row)",))
         self.stats = Stats(block, accepted_at=[0] * (block - 1), acc_hist=[0] * block)
         self._paths = PathLog()
 
@@ -154,9 +154,26 @@ class SpeculativeEngine(Engine):
         return self.target.forced_topk(prompts, continuations, k, want_logits)
 
     def score(self, seqs, want_taps=False):
-        if want_taps:
-            raise ModelError("engine spec offers no per-layer taps")
-        return self.target.score(seqs)
+        return self.target.score(seqs, want_taps)
+
+    def step_taps(self, prompts, next_ids, decoded: int = 0) -> np.ndarray:
+        """[rows, L, D] at next_ids after prompts, from a verify step of T tokens (next_ids as its anchor, the drafts
+        after it unseen by the anchor's row); the last `decoded` prompt tokens reach the cache through verify steps
+        of T as well (every draft accepted), the rest by prefill: the cache the speculative path writes."""
+        T, out = self.block, []
+        for p, nxt in zip(prompts, next_ids):
+            p = [int(t) for t in p]
+            cut = len(p) - min(decoded, len(p) - 1)
+            slots = next_pow2(len(p) + 2 * T, 128)
+            *_, state = self._run.prefill(p[:cut], slots, 1, False)
+            pos = cut
+            for j in range(cut, len(p), T):  # the decoded tail, a full block at a time (padding past its end)
+                chunk = p[j:j + T]
+                tokens = np.array([chunk + [chunk[-1]] * (T - len(chunk))])
+                state = self._run.feed(state, tokens, pos + np.arange(T)[None], np.array([len(chunk)]), 1, False)[-1]
+                pos += len(chunk)
+            out.append(self._run.anchor_taps(state, np.full((1, T), int(nxt)), pos + np.arange(T)[None])[0])
+        return np.stack(out)
 
     def _drafter(self, batch: int, slots: int) -> drafters.Drafter:
         V = self.config.vocab_size

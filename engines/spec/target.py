@@ -28,6 +28,7 @@ def _programs(c, r) -> dict:
     return {"feed": jax.jit(partial(_feed, c, r), static_argnames=("k", "want_logits")),
             "prefill": jax.jit(partial(_prefill, c, r), static_argnames=("slots", "k", "want_logits")),
             "put": jax.jit(_put, donate_argnums=(0, 1)),
+            "taps": jax.jit(partial(_taps, c, r)),
             "empty": jax.jit(partial(model.empty_cache, c), static_argnames=("batch", "slots"))}
 
 
@@ -42,6 +43,12 @@ def _feed(c, r, p, tokens, positions, lengths, kc, vc, k, want_logits):
     Returns (argmax [B, T], top ids, top logprobs [B, T, k], logits [B, T, V] or None, kc, vc)."""
     logits, kc, vc, _ = model.forward(p, c, tokens, positions, kc, vc, recipe=r, lengths=lengths)
     return (*_head(logits, k, want_logits), kc, vc)
+
+
+def _taps(c, r, p, tokens, positions, kc, vc):
+    """The residual stream after every layer at each row's first block position [B, L, D] (a verify step's anchor)."""
+    _, _, _, (taps, _) = model.forward(p, c, tokens, positions, kc, vc, want_taps=True, recipe=r)
+    return jnp.transpose(taps[:, :, 0], (1, 0, 2))
 
 
 def _prefill(c, r, p, tokens, length, slots, k, want_logits):
@@ -83,6 +90,11 @@ class Runner:
 
     def put(self, state, row_state, row: int):
         return self._p["put"](*state, *row_state, jnp.int32(row))
+
+    def anchor_taps(self, state, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """[B, L, D]: the taps of a verify step's first position (tokens, positions [B, T])."""
+        return np.asarray(self._p["taps"](self.ref.params, jnp.asarray(tokens, jnp.int32),
+                                          jnp.asarray(positions, jnp.int32), *state))
 
     def feed(self, state, tokens: np.ndarray, positions: np.ndarray, lengths: np.ndarray, k: int,
              want_logits: bool):

@@ -30,3 +30,16 @@ def test_inconclusive_where_the_drafts_reach_no_accept_all():
     assert r.verdict == "INCONCLUSIVE" and r.real_mismatches == 0
     assert "spec_accept_all" in r.details["paths"]["not_exercised"]
     assert any("spec_accept_all" in n for n in r.not_checked)
+
+
+def test_bf16_flips_at_near_ties_are_benign_and_a_bug_still_fails():
+    """bf16: the engine's tokens flip against the float32 judge at some near-ties; the comparator's bf16 margin
+    calls them benign and the verdict can PASS (the recipe check reads the verify step's own taps). A rollback
+    bug whose bf16 divergences all look benign is failed by the engine's float32 build on the same prompts."""
+    ok = run_diff(DiffSpec(engine="spec", model="mini-llama", prompts="quick", dtype="bfloat16",
+                           engine_options=(("drafter", "sweep"),)))
+    assert ok.verdict == "PASS" and ok.real_mismatches == 0, (ok.not_checked, ok.failing_prompts)
+    assert ok.details["bf16_recipe"]["checked"] and ok.details["float32_build"]["verdict"] == "PASS"
+    bad = run_diff(DiffSpec(engine="spec", model="mini-llama", prompts="quick", dtype="bfloat16", batching=False,
+                            fault="no_rollback", engine_options=(("drafter", "sweep"),)))
+    assert bad.verdict == "FAIL" and bad.details["float32_build"]["verdict"] == "FAIL"
