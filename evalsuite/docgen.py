@@ -58,6 +58,7 @@ TABLES = (
     Table("judge-scoring", "docs/benchmarks.md", judge_scoring),
     Table("decode", "docs/benchmarks.md", decode_figures),
     Table("speculative", "docs/speculative.md", spec_figures),
+    Table("spec-faults", "docs/speculative.md", lambda root: fault_catalogue(root, "spec")),
     Table("detection-run-gsm8k", "docs/faults.md", detection_run("gsm8k")),
     Table("interop-capabilities", "docs/engines.md", interop_capabilities),
     Table("interop-commands", "docs/engines.md", interop_commands),

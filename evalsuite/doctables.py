@@ -369,8 +369,8 @@ def gsm8k_full(root: Path) -> str:
 CATALOGUE_ENGINE = "megakernel"  # the engine whose faults docs/faults.md catalogues: evalsuite's own fused engine
 
 
-def fault_catalogue(root: Path) -> str:
+def fault_catalogue(root: Path, engine: str = CATALOGUE_ENGINE) -> str:
     from evalsuite.plugins import fault_catalogue as rows  # loads the engine (and jax): only when asked
 
     return _table(["fault", "what the engine does", "the real bug it stands for", "shows with"],
-                  [[f"`{r['name']}`", r["what"], r["stands_for"], r["shows_with"]] for r in rows(CATALOGUE_ENGINE)])
+                  [[f"`{r['name']}`", r["what"], r["stands_for"], r["shows_with"]] for r in rows(engine)])
