@@ -4,8 +4,9 @@ bonus token (the target's argmax after the last accepted one). Under greedy deco
 target's own, token for token, whatever the drafter proposes: that is what `evalsuite diff` checks of it.
 
 Engine options (--engine-option KEY=VALUE):
-  target   the engine verified with: "reference" (the reference model's forward pass; the speculation is what is
-           judged, not the model's math). The megakernel's one-call verify step is not built yet.
+  target   what verifies a block: "reference" (the reference model's forward pass over the block: the speculation is
+           what is judged, not the model's math) or "megakernel" (its decode kernel, one step a block token: the
+           fused engine and the speculation judged together; its one-call multi-token verify is not built)
   drafter  ngram (default), layers:N, oracle, random, sweep (engines.spec.drafters)
   block    T, the tokens a verify step takes a row: the anchor and T-1 drafts (default 4)
   seed     the random drafter's seed (default 0)
@@ -31,9 +32,12 @@ from engines.base import (
 )
 from engines.errors import ModelError
 from engines.spec import drafters
-from engines.spec.target import Runner
+from engines.spec.target import KernelRunner, Runner
 from engines.weights import Weights, expected_shapes
 
+# what verifies a block: the reference's forward pass over T tokens at once, or the megakernel's decode kernel
+# stepped T times (a sequential verify: its one multi-token kernel call is not built)
+TARGETS = ("reference", "megakernel")
 DEFAULT_BLOCK = 4  # the anchor + 3 drafts: every acceptance length 0..3 in a sweep of 4 rounds
 MAX_BLOCK = 16
 MAX_BATCH = 8
@@ -113,9 +117,8 @@ class SpeculativeEngine(Engine):
                  drafter: str = "ngram", block: int = DEFAULT_BLOCK, seed: int = 0):
         from engines.reference import ReferenceEngine
 
-        if target != "reference":
-            raise ModelError(f"--engine-option target={target!r}: only 'reference' verifies today (the megakernel's "
-                             "one-call verify step is not built)")
+        if target not in TARGETS:
+            raise ModelError(f"--engine-option target={target!r}: expected one of {', '.join(TARGETS)}")
         if not 2 <= block <= MAX_BLOCK:
             raise ModelError(f"--engine-option block={block}: expected 2..{MAX_BLOCK} (the anchor and 1+ drafts)")
         if fault is not None and fault not in self.faults:
@@ -123,10 +126,16 @@ class SpeculativeEngine(Engine):
         kind, n = drafters.parse(drafter)
         self.name, self.config, self.dtype, self.fault = "spec", weights.config, dtype, fault
         self.weights_sha256 = weights.sha256
-        self.block, self.seed, self.drafter_kind = block, seed, drafter
-        self.target = ReferenceEngine(weights, dtype)
+        self.block, self.seed, self.drafter_kind, self.target_name = block, seed, drafter, target
+        if target == "megakernel":
+            from engines.megakernel import MegakernelEngine
+
+            self.target = MegakernelEngine(weights, dtype)
+            self._run = KernelRunner(self.target)
+        else:
+            self.target = ReferenceEngine(weights, dtype)
+            self._run = Runner(self.target)
         self.recipe = self.target.recipe
-        self._run = Runner(self.target)
         self._draft_weights = truncated(weights, n) if kind == "layers" else None
         self._kind = kind
         self.capabilities = Capabilities(
@@ -148,7 +157,7 @@ class SpeculativeEngine(Engine):
         return self._paths
 
     def run_stats(self) -> dict:
-        return {"speculation": {"drafter": self.drafter_kind, "target": "reference", **self.stats.report()}}
+        return {"speculation": {"drafter": self.drafter_kind, "target": self.target_name, **self.stats.report()}}
 
     def forced_topk(self, prompts, continuations, k=5, want_logits=False) -> list[Forced]:
         return self.target.forced_topk(prompts, continuations, k, want_logits)
@@ -160,6 +169,8 @@ class SpeculativeEngine(Engine):
         """[rows, L, D] at next_ids after prompts, from a verify step of T tokens (next_ids as its anchor, the drafts
         after it unseen by the anchor's row); the last `decoded` prompt tokens reach the cache through verify steps
         of T as well (every draft accepted), the rest by prefill: the cache the speculative path writes."""
+        if self.target_name == "megakernel":  # its verify steps are its kernel steps: the kernel's own taps
+            return self.target.step_taps(prompts, next_ids, decoded)
         T, out = self.block, []
         for p, nxt in zip(prompts, next_ids):
             p = [int(t) for t in p]

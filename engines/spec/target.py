@@ -103,3 +103,52 @@ class Runner:
                                                   jnp.asarray(positions, jnp.int32), jnp.asarray(lengths, jnp.int32),
                                                   *state, k=k, want_logits=want_logits)
         return np.asarray(nxt), np.asarray(ti), np.asarray(tv), None if lg is None else np.asarray(lg), (kc, vc)
+
+
+class KernelRunner:
+    """The megakernel engine as a target: a block of T tokens is verified by T of its decode-kernel steps in a row
+    (a sequential verify: the same per-position math as its plain decoding, not yet one multi-token kernel call).
+    Its decode step donates the state, so a recurrent model's state is copied before a block (the replay after a
+    rejection starts from it), and rows past their `lengths` keep their recurrent state through a block's steps."""
+
+    def __init__(self, eng):
+        self.eng, self.config = eng, eng.config
+        self.recurrent = any(eng.config.kind(i) in RECURRENT for i in range(eng.config.n_layers))
+        self._shape = (1, 128)
+
+    def empty(self, batch: int, slots: int):
+        self._shape = (batch, slots)
+        return None  # made by the first put (the engine's own refill step builds a zero state)
+
+    def prefill(self, prompt, slots: int, k: int, want_logits: bool):
+        Tb = 1 << max(4, (len(prompt) - 1).bit_length())
+        tokens = np.zeros((1, Tb), np.int32)
+        tokens[0, :len(prompt)] = prompt
+        nxt, ti, tv, lg, state = self.eng.steps().prefill(tokens, np.array([len(prompt)], np.int32), slots, k,
+                                                          want_logits)
+        return (int(np.asarray(nxt)[0]), np.asarray(ti)[0], np.asarray(tv)[0],
+                None if lg is None else np.asarray(lg)[0], state)
+
+    def put(self, state, row_state, row: int):
+        B, S = self._shape
+        return self.eng.steps().insert(state, row_state, np.array([row], np.int32), np.array([0], np.int32), B, S)
+
+    def feed(self, state, tokens: np.ndarray, positions: np.ndarray, lengths: np.ndarray, k: int,
+             want_logits: bool):
+        steps = self.eng.steps()
+        n_kv = 2  # the state: K and V caches, then the recurrent stacks (rows on axis 1)
+        if self.recurrent:
+            state = tuple(jnp.copy(a) for a in state)  # the caller keeps the state before the block
+        out = []
+        for t in range(tokens.shape[1]):
+            ended = self.recurrent and bool(np.any(t >= lengths))  # rows whose real tokens ended: state stays
+            keep = jnp.asarray(t >= lengths)
+            prev = tuple(jnp.copy(a) for a in state[n_kv:]) if ended else ()  # the step donates what it reads
+            nxt, ti, tv, lg, state = steps.decode(tokens[:, t].astype(np.int32), positions[:, t].astype(np.int32),
+                                                  state, k, want_logits)
+            if ended:
+                state = (*state[:n_kv], *[jnp.where(keep.reshape(1, -1, *[1] * (b.ndim - 2)), a, b)
+                                          for a, b in zip(prev, state[n_kv:])])
+            out.append((np.asarray(nxt), np.asarray(ti), np.asarray(tv), None if lg is None else np.asarray(lg)))
+        stack = [np.stack([o[j] for o in out], axis=1) for j in range(3)]
+        return (*stack, None if out[0][3] is None else np.stack([o[3] for o in out], axis=1), state)

@@ -98,3 +98,15 @@ def test_bad_options_are_one_line_errors(extra, said):
     m = load_model("mini-llama")
     with pytest.raises(ModelError, match=said):
         SpeculativeEngine.create(m, EngineOptions(extra=extra))
+
+
+@pytest.mark.parametrize("name", [pytest.param("mini-llama", marks=pytest.mark.heavy),  # the hybrid's path covers it
+                                  "mini-qwen-hybrid"])
+def test_the_megakernel_as_target(name):
+    """target=megakernel: its decode kernel verifies each block (one step a token), its state copied and replayed on a
+    hybrid; the stream is plain greedy's, and a rollback bug still changes it."""
+    m, prompts, plain = _setup(name, 4)
+    e = SpeculativeEngine(m.weights, drafter="sweep", target="megakernel")
+    assert _same(e.generate(prompts, N), plain) and e.run_stats()["speculation"]["target"] == "megakernel"
+    bad = SpeculativeEngine(m.weights, drafter="sweep", target="megakernel", fault="no_rollback")
+    assert _changed(bad.generate(prompts, N), plain)
