@@ -155,8 +155,9 @@ def _cli(*args, timeout=1200):
 
 @pytest.mark.parametrize("extra, code, verdict", [
     ((), 0, "PASS"),                                  # sanity's 240 items reach PASS, the rest too
-    (("--fault", "stale_feedback", "--limit", "24"), 1, "FAIL"),  # diff and sanity both FAIL on it
-    (("--limit", "12"), 3, "INCONCLUSIVE"),           # 12 items cannot show non-inferiority
+    # diff and sanity both FAIL on it (the golden check is teacher-forced: stale_feedback passes it)
+    (("--fault", "stale_feedback", "--limit", "24", "--parts", "diff,sanity"), 1, "FAIL"),
+    (("--limit", "12", "--parts", "sanity"), 3, "INCONCLUSIVE"),  # 12 items cannot show non-inferiority
 ])
 def test_verify_reaches_every_verdict(tmp_path, extra, code, verdict):
     p = _cli("verify", "--model", "mini-llama", "--tasks", "sanity", "--prompts", "quick",

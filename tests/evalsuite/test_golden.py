@@ -35,7 +35,10 @@ def test_committed_goldens_pass(model, request):
     assert r.summary["mismatching_positions"] == 0
 
 
-@pytest.mark.parametrize("model", ["mini-llama", "mini-moe", "mini-qwen2"])
+# mini-moe and mini-qwen2 in nox -s heavy (54 s and 37 s in CI): the kernel's numerics on them are pinned in CI by
+# test_kernel's teacher-forced tests against the reference, whose goldens test_committed_goldens_pass checks
+@pytest.mark.parametrize("model", ["mini-llama", pytest.param("mini-moe", marks=pytest.mark.heavy),
+                                   pytest.param("mini-qwen2", marks=pytest.mark.heavy)])
 def test_megakernel_passes_goldens(model):
     r = golden.check(model, "megakernel")
     assert r.ok, r.problems
@@ -84,6 +87,7 @@ def test_missing_file(tmp_path):
     assert not r.ok and "missing golden file" in r.problems[0]
 
 
+@pytest.mark.heavy  # 50 s; CI fails goldens on a faulted megakernel in test_serve (drop_layer, over the API)
 def test_faulted_engine_fails_goldens():
     r = golden.check("mini-moe", "megakernel", fault="router_second_choice")
     assert not r.ok and r.summary["mismatching_positions"] > 0

@@ -62,6 +62,7 @@ def test_in_bf16_the_witness_is_the_recipes_own_error_with_the_bf16_factor():
     assert _judge(0.0, 0.9, flip=True, dtype="bfloat16", k_at_2=1.0) == [2]  # a flip 3 nats down is real
 
 
+@pytest.mark.heavy  # 107 s; CI asserts the same of the same fault in test_float32_build (3 prompts, 6 tokens)
 def test_a_bf16_diff_runs_the_witness_on_the_recipe_and_a_real_bug_still_fails(mini_llama):
     """mini-llama, real engines: kv_stale's flagged bf16 positions are judged again with the reference's own
     bf16 recipe's error there, and the bug still FAILs (its errors dwarf the recipe's)."""

@@ -121,7 +121,7 @@ def test_every_fault_fails_in_both_dtypes_on_the_minis(mini_llama, fault, dtype)
         assert r["bf16_recipe"]["ok"] is False and r["bf16_recipe"]["first_over"]["layer"] == 0, r["bf16_recipe"]
 
 
-@pytest.mark.heavy  # 40 s; CI keeps golden check FAILing it on mini-moe (test_golden) and test_kernel's bound
+@pytest.mark.heavy  # 40 s; CI keeps the router bug failing in test_routing (bf16) and test_kernel's bound
 def test_router_fault_fails_on_mini_moe():
     r = run_diff(DiffSpec(model="mini-moe", fault="router_second_choice", **QUICK)).to_json()
     assert r["verdict"] == "FAIL" and r["real_mismatches"] > 0

@@ -75,6 +75,13 @@ def test_a_bf16_diff_runs_the_float32_build_on_the_same_prompts(three):
     b = bad["float32_build"]
     assert bad["verdict"] == "FAIL" and b["run"] and b["verdict"] == "FAIL" and b["failing_prompts"]
     assert b["prompts"] == bad["prompts"] == 3 and b["positions"] == 18
+    # kv_stale's flagged bf16 positions are judged again with the reference's own bf16 recipe's error there (and,
+    # where flags remain, its other reduction orders: the permuted weights), and the bug still FAILs
+    from evalsuite.compare.witness import ORDER_PROMPTS
+
+    w = bad["conditioning_witness"]
+    assert bad["real_mismatches"] > 0 and w["run"] == w["prompts"] > 0 and "bf16 recipe" in w["measured"]
+    assert w["positions_cleared"] < w["positions_flagged"] and 0 < w["prompts_with_other_orders"] <= ORDER_PROMPTS
 
 
 @pytest.mark.heavy
