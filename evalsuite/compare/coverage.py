@@ -27,12 +27,19 @@ def report(eng) -> dict:
             "what": {p: PATHS[p] for p in declared}, "shapes": snap["shapes"]}
 
 
+# a speculative engine's accept branches are driven by its drafts, not by the prompts
+WIDEN_SPEC = ("a speculative engine's accept branches depend on its drafts: --engine-option drafter=sweep drives every "
+              "acceptance length (docs/speculative.md)")
+
+
 def blocking(rec: dict) -> list[str]:
     """The note that keeps a PASS off the paths never exercised (none when every declared path ran)."""
     if not rec.get("reported") or not rec["not_exercised"]:
         return []
     names = "; ".join(f"{p} ({rec['what'][p]})" for p in rec["not_exercised"])
-    return [f"engine paths not exercised by these prompts, so not checked: {names}; {WIDEN}"]
+    spec = all(p.startswith("spec_") for p in rec["not_exercised"])
+    return [f"engine paths not exercised by these {'drafts' if spec else 'prompts'}, so not checked: {names}; "
+            f"{WIDEN_SPEC if spec else WIDEN}"]
 
 
 def text(rec: dict) -> str:
