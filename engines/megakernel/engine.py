@@ -227,14 +227,18 @@ class MegakernelEngine(Engine):
         self.w = {"hbm": self.hbm, "embed": self.embed, "head_t": self.head_t,
                   "final_norm": self.final_norm, "rope": self.rope, "rope_decode": self.rope_decode}
         # the host-side faults leave every jitted program as the faithful engine's, and share it
-        programs = _programs(c, kn.only("kernel", "head"), self.fault_layer, n_buffers, interpret, batch_invariant,
+        programs = _programs(c, kn.only("kernel"), self.fault_layer, n_buffers, interpret, batch_invariant,
                              chip, kv_cache, experts)
         self.interpret = programs.interpret  # one InterpretParams per spec, as the programs use it
         self._programs = programs
         j = programs.jitted  # the jitted steps, by name (shared per spec)
         self._prefill, self._extend, self._prefix_kv = j["_prefill"], j["_extend"], j["_prefix_kv"]
         self._score = j["_score"]
-        self._gather, self._put, self._decode, self._head = j["_gather"], j["_put"], j["_decode"], j["_head"]
+        self._gather, self._put, self._decode = j["_gather"], j["_put"], j["_decode"]
+        # a head fault's own head program, over the kernel programs of its kernel knobs (a head fault keyed the
+        # kernel's programs too, and every one of its shapes was traced again: 54 s of CI for topk_ids_swapped)
+        self._head = _programs(c, kn.only("kernel", "head"), self.fault_layer, n_buffers, interpret, batch_invariant,
+                               chip, kv_cache, experts).jitted["_head"]
         self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its K/V [L, 1, K, P, hd])
         self.share_prefix = True  # False: every row prefilled in full (the benchmark's ablation)
         self._paths = PathLog()

@@ -100,10 +100,8 @@ def workload(mini_llama):
     return [p.id for p in pset.prompts], prompts, [g.token_ids for g in rg], [g.track() for g in rg]
 
 
-# topk_ids_swapped in nox -s heavy (54 s: a head fault traces the whole kernel again); CI keeps the head-fault path
-# with topk_renormalized and swapped ranks with test_every_rank_is_judged
 @pytest.mark.parametrize("fault", [None, "refill_wrong_row", "shrink_wrong_rows", "prefix_padded",
-                                   "topk_renormalized", pytest.param("topk_ids_swapped", marks=pytest.mark.heavy)])
+                                   "topk_renormalized", "topk_ids_swapped"])
 def test_batching_part_catches_what_fixed_batches_cannot(mini_llama, workload, fault):
     """The loop faults leave every fixed batch of diff's main part right (one prefill, one budget, no stop); the
     batching part FAILs them, and passes the faithful engine with every declared path driven."""
