@@ -31,6 +31,7 @@ from engines.base import (
     source_fingerprint,
 )
 from engines.errors import ModelError
+from engines.reference import ReferenceEngine
 from engines.spec import drafters
 from engines.spec.target import KernelRunner, Runner
 from engines.weights import Weights, expected_shapes
@@ -115,8 +116,6 @@ class SpeculativeEngine(Engine):
 
     def __init__(self, weights: Weights, dtype: str = "float32", fault: str | None = None, target: str = "reference",
                  drafter: str = "ngram", block: int = DEFAULT_BLOCK, seed: int = 0):
-        from engines.reference import ReferenceEngine
-
         if target not in TARGETS:
             raise ModelError(f"--engine-option target={target!r}: expected one of {', '.join(TARGETS)}")
         if not 2 <= block <= MAX_BLOCK:
@@ -194,8 +193,6 @@ class SpeculativeEngine(Engine):
             return drafters.RandomDrafter(V, self.seed)
         if self._kind in ("oracle", "sweep"):
             return drafters.OracleDrafter(V, sweep=self._kind == "sweep")
-        from engines.reference import ReferenceEngine
-
         return drafters.ModelDrafter(Runner(ReferenceEngine(self._draft_weights, self.dtype)), self.drafter_kind,
                                      batch, slots)
 

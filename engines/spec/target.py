@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from engines.base import next_pow2
 from engines.config import RECURRENT
 from engines.reference import model
 from engines.reference.engine import ReferenceEngine
@@ -66,6 +67,13 @@ def _put(kc, vc, rk, rv, row):
     return ([x.at[row].set(y[0]) for x, y in zip(kc, rk)], [x.at[row].set(y[0]) for x, y in zip(vc, rv)])
 
 
+def _padded(prompt) -> np.ndarray:
+    """One prompt as [1, Tb] int32, right-padded to a power of two of at least 16 (the prefill buckets)."""
+    tokens = np.zeros((1, next_pow2(len(prompt), 16)), np.int32)
+    tokens[0, :len(prompt)] = prompt
+    return tokens
+
+
 class Runner:
     """One model's batch state and its steps (the target's or a draft model's). Host arrays in, host arrays out."""
 
@@ -79,9 +87,7 @@ class Runner:
 
     def prefill(self, prompt, slots: int, k: int, want_logits: bool):
         """(argmax, top ids [k], top logprobs [k], logits or None, one-row state) after the prompt."""
-        Tb = 1 << max(4, (len(prompt) - 1).bit_length())
-        tokens = np.zeros((1, Tb), np.int32)
-        tokens[0, :len(prompt)] = prompt
+        tokens = _padded(prompt)
         nxt, ti, tv, lg, kc, vc = self._p["prefill"](self.ref.params, jnp.asarray(tokens),
                                                      jnp.asarray([len(prompt)], np.int32), slots=slots, k=k,
                                                      want_logits=want_logits)
@@ -121,10 +127,7 @@ class KernelRunner:
         return None  # made by the first put (the engine's own refill step builds a zero state)
 
     def prefill(self, prompt, slots: int, k: int, want_logits: bool):
-        Tb = 1 << max(4, (len(prompt) - 1).bit_length())
-        tokens = np.zeros((1, Tb), np.int32)
-        tokens[0, :len(prompt)] = prompt
-        nxt, ti, tv, lg, state = self.eng.steps().prefill(tokens, np.array([len(prompt)], np.int32), slots, k,
+        nxt, ti, tv, lg, state = self.eng.steps().prefill(_padded(prompt), np.array([len(prompt)], np.int32), slots, k,
                                                           want_logits)
         return (int(np.asarray(nxt)[0]), np.asarray(ti)[0], np.asarray(tv)[0],
                 None if lg is None else np.asarray(lg)[0], state)
