@@ -126,14 +126,16 @@ def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
     """Every VMEM buffer of the kernel `spec` builds with weights in `dtype`, and the live-value estimate."""
     c: Config = spec.config
     B, D, L, K, hd, H, TS = spec.batch, c.hidden, c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads, spec.tile
+    R, T = spec.rows, spec.block  # query rows (a verify step's T a cache row); B: cache rows
     shapes = expected_shapes(c)
-    out = [Item("activations", "x in", (B, D), "float32"), Item("activations", "positions", (B, 1), "int32"),
+    out = [Item("activations", "x in", (R, D), "float32"), Item("activations", "positions", (R, 1), "int32"),
+           Item("activations", "block positions", (R, T), "int32"),
            Item("activations", "rope q (first)", (1, H * hd), "float32"),
            Item("activations", "rope q (freq: full, sliding)", (2, H * hd), "float32"),
            Item("activations", "rope k (first)", (1, K * hd), "float32"),
            Item("activations", "rope k (freq: full, sliding)", (2, K * hd), "float32"),
-           Item("activations", "x out", (B, D), "float32"),
-           Item("activations", "taps", (L if spec.want_taps else 1, B, D), "float32")]
+           Item("activations", "x out", (R, D), "float32"),
+           Item("activations", "taps", (L if spec.want_taps else 1, R, D), "float32")]
     for kind in recurrent.kinds(c):  # the engine's fused layout of the linear-attention layers
         shapes |= {k: (0, *v) for k, v in recurrent.shapes(c, kind).items()}
     for k in streamed_keys(c):
@@ -155,19 +157,22 @@ def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
     Kc, dkc, dvc = cache_dims(c)
     out += [Item("kv tiles", "K tiles", (B, Kc, TS, dkc), spec.kv_dtype, 2),
             Item("kv tiles", "V tiles", (B, Kc, TS, dvc), spec.kv_dtype, 2),
-            Item("activations", "attention out", (B, H * hd), "float32"),
-            Item("staging", "new K slots", (kv_layers(c), B, Kc, 1, dkc), spec.kv_dtype),
-            Item("staging", "new V slots", (kv_layers(c), B, Kc, 1, dvc), spec.kv_dtype)]
+            Item("activations", "attention out", (R, H * hd), "float32"),
+            Item("staging", "new K slots", (kv_layers(c), R, Kc, 1, dkc), spec.kv_dtype),
+            Item("staging", "new V slots", (kv_layers(c), R, Kc, 1, dvc), spec.kv_dtype)]
     if c.attn_res_block:  # K3: the depth mixture's finished blocks, an output of the kernel
-        out.append(Item("activations", "depth-mixture blocks", (-(-L // c.attn_res_block), B, D), "float32"))
+        out.append(Item("activations", "depth-mixture blocks", (-(-L // c.attn_res_block), R, D), "float32"))
     for kind in recurrent.kinds(c):  # each weight slot's state pair, read and written back from it
         hist, st = recurrent.state_shapes(c, kind, B)
         out += [Item("recurrent state", f"{kind.upper()} conv history", hist[1:], "float32", spec.n_buffers),
                 Item("recurrent state", f"{kind.upper()} delta-rule state", st[1:], "float32", spec.n_buffers)]
+        if T > 1:  # a verify step's snapshots after each block token, staged for their copy out
+            out += [Item("recurrent state", f"{kind.upper()} {what} snapshots", (T, *a[1:]), "float32")
+                    for what, a in (("conv history", hist), ("delta-rule state", st))]
     f = max(c.ffn if c.n_dense_layers else 0, c.moe_ffn if c.n_moe_layers else 0)
-    out += [Item("live (estimate)", "MLP activations (gate, up, product)", (B, f), "float32", 3),
-            Item("live (estimate)", "q, scores and accumulator", (B * H, max(hd, TS)), "float32", 3),
-            Item("live (estimate)", "residual, normed, output", (B, D), "float32", 3)]
+    out += [Item("live (estimate)", "MLP activations (gate, up, product)", (R, f), "float32", 3),
+            Item("live (estimate)", "q, scores and accumulator", (R * H, max(hd, TS)), "float32", 3),
+            Item("live (estimate)", "residual, normed, output", (R, D), "float32", 3)]
     return tuple(out)
 
 

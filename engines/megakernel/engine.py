@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +44,7 @@ from engines.megakernel.kernel import KernelSpec, decode_layers, hbm_arrays
 from engines.megakernel.prefill import prefill_hidden
 from engines.megakernel.spec import cache_shapes, mode_dtype, norm_weight, rope_arrays
 from engines.megakernel.tpu import DEFAULT_CHIP, lower, races_found, tpu_interpret_params
+from engines.megakernel.verify import VERIFY_FAULTS, kernel_block
 from engines.weights import Weights
 
 F32 = jnp.float32
@@ -99,6 +100,8 @@ class _Programs:
             # cache.
             "_decode": jax.jit(self._decode_impl, static_argnames=("want_taps", "window"), donate_argnums=(3,)),
             "_head": jax.jit(self._head_impl, static_argnames=("k", "want_logits", "decode")),
+            "_verify": jax.jit(partial(kernel_block, self), static_argnames=("want_taps", "window"),
+                               donate_argnums=(3,)),
         }
 
     # ---- jitted pieces -------------------------------------------------------------------------
@@ -132,13 +135,14 @@ class _Programs:
                                        tokens.shape[1], want_taps, kv_dtype=self.kv_dtype)
         return self._logits(w, x), taps
 
-    def _spec(self, batch: int, slots: int, want_taps: bool, window: int | None, dtype: str) -> KernelSpec:
+    def _spec(self, batch: int, slots: int, want_taps: bool, window: int | None, dtype: str,
+              block: int = 1) -> KernelSpec:
         window = window or slots
         # invariant: one tiling for every window (generate's windows are all multiples of MIN_WINDOW)
         tile = min(MIN_WINDOW if self.batch_invariant else ATTN_TILE, window)
         spec = KernelSpec(self.config, batch, slots, tile, window, self.knobs.only("kernel"),
                           self.fault_layer, self.n_buffers, want_taps, self.interpret, kv_dtype=self.kv_dtype,
-                          experts=self.experts)
+                          experts=self.experts, block=block)
         return replace(spec, vmem_limit=budget(spec, dtype, self.chip).limit)
 
     def _decode_impl(self, w, ids, pos, state, want_taps=False, window=None):
@@ -182,7 +186,7 @@ class MegakernelEngine(Engine):
     def __init__(self, weights: Weights, dtype: str = "float32", fault: str | None = None,
                  interpret: str = "generic", fault_layer: int | None = None, n_buffers: int = 2,
                  batch_invariant: bool = False, chip: str = DEFAULT_CHIP, kv_cache: str = "float32",
-                 experts: str | None = None):
+                 experts: str | None = None, verify_fault: str | None = None):
         """batch_invariant: every generate() call has one shape whatever the batch (8 rows always, each
         prompt prefilled alone, a fixed attention tile, no shared prefix), so a prompt's tokens and logprobs
         are bitwise the same alone or batched (what vLLM's VLLM_BATCH_INVARIANT=1 promises); slower.
@@ -191,7 +195,8 @@ class MegakernelEngine(Engine):
         kv_cache: the KV cache's storage in bfloat16 mode (declared in the recipe, so the judge rounds K/V the same
         way); a float32 engine, the float32 build of a bf16 run included, keeps float32.
         experts: "mxfp4" keeps the routed experts in MXFP4 in HBM, dequantised in VMEM (engines.megakernel.mxfp4);
-        None: "dense", or "mxfp4" under a fault of MXFP4's own (the fault brings the format it breaks)."""
+        None: "dense", or "mxfp4" under a fault of MXFP4's own (the fault brings the format it breaks).
+        verify_fault: one of engines.megakernel.verify.VERIFY_FAULTS, for the speculative engine's verify step."""
         experts = experts or ("mxfp4" if fault in ALL_FAULTS and BY_NAME[fault].needs == "mxfp4" else "dense")
         check_options(weights.config, dtype, fault, interpret, kv_cache, experts, chip)
         kv_cache = kv_cache if dtype == "bfloat16" else "float32"  # part of the bf16 recipe; float32 is float32
@@ -206,6 +211,9 @@ class MegakernelEngine(Engine):
         compile_cache.enable()
         self.dtype, self.fault, self.weights_sha256 = dtype, fault, weights.sha256
         self.knobs = kn = knobs(fault)  # what the fault changes; the code below reads these, never its name
+        if verify_fault is not None:
+            self.knobs = kn = replace(kn, **VERIFY_FAULTS[verify_fault][0].set())
+        self.verify_fault = verify_fault
         self.recipe = replace(BF16_RECIPE, kv_cache=kv_cache) if dtype == "bfloat16" else None
         self.fault_layer = c.n_layers // 2 if fault_layer is None else fault_layer
         self.n_buffers = n_buffers
@@ -234,7 +242,7 @@ class MegakernelEngine(Engine):
         j = programs.jitted  # the jitted steps, by name (shared per spec)
         self._prefill, self._extend, self._prefix_kv = j["_prefill"], j["_extend"], j["_prefix_kv"]
         self._score = j["_score"]
-        self._gather, self._put, self._decode = j["_gather"], j["_put"], j["_decode"]
+        self._gather, self._put, self._decode, self._verify = j["_gather"], j["_put"], j["_decode"], j["_verify"]
         # a head fault's own head program, over the kernel programs of its kernel knobs (a head fault keyed the
         # kernel's programs too, and every one of its shapes was traced again: 54 s of CI for topk_ids_swapped)
         self._head = _programs(c, kn.only("kernel", "head"), self.fault_layer, n_buffers, interpret, batch_invariant,
@@ -245,16 +253,16 @@ class MegakernelEngine(Engine):
         if batch_invariant:  # one shape whatever the batch: every prompt prefilled alone, no shrink, no shared prefix
             self.paths = ("refill", "finish_mid_batch", "stop", "multi_tile", "teacher_forced")
 
-    def lower_decode(self, batch: int, window: int, want_taps: bool = False):
-        """The decode step at `batch` rows over a `window`-slot cache, lowered for TPU on this host
-        (engines.megakernel.tpu.Lowered): what Mosaic would be handed, and its budget."""
+    def lower_decode(self, batch: int, window: int, want_taps: bool = False, block: int = 1):
+        """The decode step (block > 1: the verify step) at `batch` rows over a `window`-slot cache, lowered for TPU
+        on this host (engines.megakernel.tpu.Lowered): what Mosaic would be handed, and its budget."""
         c = self.config
-        spec = replace(self._programs._spec(batch, window, want_taps, window, self.dtype), interpret=False)
+        spec = replace(self._programs._spec(batch, window, want_taps, window, self.dtype, block), interpret=False)
         sd = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)  # noqa: E731
         kv = jnp.dtype(self.kv_cache)
         k_cache, v_cache = (jax.ShapeDtypeStruct(s, kv) for s in cache_shapes(c, batch, window))
-        x = jax.ShapeDtypeStruct((batch, c.hidden), F32)
-        pos = jax.ShapeDtypeStruct((batch,), jnp.int32)
+        x = jax.ShapeDtypeStruct((batch * block, c.hidden), F32)
+        pos = jax.ShapeDtypeStruct((batch * block,), jnp.int32)
         rec = tuple(jax.ShapeDtypeStruct(s, F32) for s in recurrent.state(c, batch))
         return spec, lower(lambda h, r, x, p, kc, vc, *st: decode_layers(spec, h, x, p, kc, vc, r, st),
                            jax.tree.map(sd, self.hbm), jax.tree.map(sd, self.rope_decode), x, pos, k_cache, v_cache,
@@ -278,7 +286,7 @@ class MegakernelEngine(Engine):
             "n_buffers": self.n_buffers, "interpret": str(self.interpret), "attn_tile": ATTN_TILE,
             "max_batch": MAX_BATCH, "share_prefix": self.share_prefix,
             "batch_invariant": self.batch_invariant, "chip": self.chip, "kv_cache": self.kv_cache,
-            "experts": self.experts,
+            "experts": self.experts, "verify_fault": self.verify_fault,
             "weights": self.weights_sha256})
 
     def _check(self, prompts, max_new):

@@ -63,6 +63,7 @@ class Knobs:
     router_bias_in_weights: bool = _knob(False, "kernel")  # the sigmoid router's selection bias in the weights too
     latent_norm_width: int = _knob(0, "kernel")  # K3: the latent MoE's norm divides by this width (0: the true one)
     res_blocks_short: int = _knob(0, "kernel")  # K3: the depth mixtures read this many blocks too few
+    block_mask_ahead: bool = _knob(False, "kernel")  # a verify step's row also attends the next block token's K/V
     topk_renormalized: bool = _knob(False, "head")  # top-k logprobs renormalised over the k ids
     topk_ranks_swapped: bool = _knob(False, "head")  # ranks 2 and 3 carry each other's ids
     stale_feedback: bool = _knob(False, "loop")  # each decode step fed the token of one step earlier

@@ -1,18 +1,14 @@
-"""One decode step of every layer as ONE pallas_call.
+"""One decode step of every layer as ONE pallas_call (or a speculative verify step: T tokens a row, spec.block).
 
 Weights stay in HBM (memory_space=ANY) and are copied into VMEM scratch by async copies with DMA semaphores, each
-stream double-buffered: a layer's norms and mixer weights (attention, or a Gated DeltaNet layer's with its state)
-load while the previous layer computes; the dense MLP streams in column chunks; the KV cache streams in tiles under
-the online softmax (engines.megakernel.attention), and a tile no row attends is skipped; a MoE layer's router runs in
-the kernel and only the distinct experts the rows chose are copied, so the bytes a step moves scale with top-k. A
-layer's kind and its index in its kind's stacks come from an SMEM table. New K/V slots are staged in VMEM and
-written back after the last layer; a GDN layer's state goes back from its buffer slot, waited for before the slot
-is reused. The embedding gather runs before the kernel and the final norm + LM head after it, in XLA, as the Kimi
-K3 TPU megakernel does: the LM head does not fit VMEM next to a layer, and it is one memory-bound matmul.
-
-Every DMA is on a leading-axis slice; no grid; ANY, VMEM and SMEM refs. It lowers for TPU
-(tests/engines/megakernel/test_tpu.py) but has never been compiled by Mosaic or run on TPU hardware (docs/tpu.md).
-Here it runs in Pallas interpret mode.
+stream double-buffered: a layer's norms and mixer weights (and a recurrent layer's state) load while the previous
+layer computes; the dense MLP streams in column chunks; the KV cache streams in tiles under the online softmax
+(engines.megakernel.attention), a tile no row attends skipped; a MoE layer's router runs in the kernel and only the
+experts the rows chose are copied (bytes scale with top-k). A layer's kind and stack index come from an SMEM table.
+New K/V slots are staged in VMEM and written back after the last layer. The embedding gather runs before the kernel
+and the final norm + LM head after it, in XLA, as the Kimi K3 TPU megakernel does (the LM head does not fit VMEM
+next to a layer). Every DMA is on a leading-axis slice; no grid. CI runs it in Pallas interpret mode and lowers it
+for TPU; docs/tpu.md says what Mosaic compiled and ran on a chip.
 """
 
 from __future__ import annotations
@@ -51,15 +47,20 @@ F32 = jnp.float32
 
 def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_cache: jax.Array,
                   v_cache: jax.Array, rope: dict, state: tuple = ()):
-    """x [B, D] float32 (embedded tokens), pos [B] int32 (the slot each row writes).
+    """x [R, D] float32 (embedded tokens), pos [R] int32 (the slot each row writes): R = B * T query rows, row
+    b*T + t the t-th of cache row b's block (T = spec.block: 1 to decode; the anchor and T-1 drafts to verify them,
+    attending the cache below the block's first position and, causally, the block's own new K/V).
     k_cache, v_cache [La, B, K, S, hd] in spec.kv_dtype (the attention layers'), updated in place (aliased);
-    state: () or the GDN layers' (hist [Lg, B, taps-1, C], S [Lg, B, Hv, dk, dv]) float32, updated in place.
+    state: () or the GDN layers' (hist [Lg, B, taps-1, C], S [Lg, B, Hv, dk, dv]) float32, updated in place; with
+    T > 1 every state stack's snapshot after each block token ([Lg, T, B, ...]) is returned last.
     rope: first_q, freq_q, first_k, freq_k from ops.rope_tables, each freq [2, heads*hd]: the full layers' row, then
     the sliding layers'.
-    Returns x [B, D] after the last layer, k_cache, v_cache, taps [L, B, D] (zeros if not wanted), *state.
+    Returns x [R, D] after the last layer, k_cache, v_cache, taps [L, R, D] (zeros if not wanted), *state,
+    *snapshots.
     """
     c = spec.config
-    B, D, L, K, hd = spec.batch, c.hidden, c.n_layers, c.n_kv_heads, c.head_dim
+    B, D, L, K, hd = spec.batch, c.hidden, c.n_layers, c.n_kv_heads, c.head_dim  # B: cache rows
+    R, T = spec.rows, spec.block  # query rows: each cache row's T block tokens
     Kc, dkc, dvc = cache_dims(c)  # the KV cache's heads and widths (attention's, or MLA's expanded form)
     H, TS, nb = c.n_heads, spec.tile, spec.n_buffers
     S = spec.window or spec.slots  # the cache positions read per layer (streamed through VMEM tile by tile)
@@ -84,40 +85,34 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     assert k_cache.dtype == kvd and v_cache.dtype == kvd, (k_cache.dtype, spec.kv_dtype)
 
     def kernel(*refs):
-        pos_s, table_s, x_in, pos_v, first_q, freq_q, first_k, freq_k = refs[:8]
-        i = 8
-        w = dict(zip(streamed + ek + dk, refs[i:i + len(streamed) + len(ek) + len(dk)]))
-        i += len(streamed) + len(ek) + len(dk)
-        kc_in, vc_in = refs[i:i + 2]
-        i += 2
-        st_in = refs[i:i + 2 * len(rk)]  # each recurrent kind's (hist, S) stacks
-        i += len(st_in)
-        x_out, kc_out, vc_out, taps_out = refs[i:i + 4]
-        i += 4
-        st_out = refs[i:i + 2 * len(rk)]
-        i += len(st_out)
-        blocks = refs[i] if ares else None  # K3: this token's finished blocks [NB, B, D] (the depth mixture's)
-        i += 1 if ares else 0
+        it = iter(refs)  # the refs in the pallas_call's order (engines.megakernel.call): inputs, outputs, scratch
+
+        def take(n: int) -> list:
+            return [next(it) for _ in range(n)]
+
+        pos_s, table_s, x_in, pos_v, blk_v, first_q, freq_q, first_k, freq_k = take(9)
+        w = dict(zip(streamed + ek + dk, take(len(streamed) + len(ek) + len(dk))))
+        kc_in, vc_in = take(2)
+        ns = 2 * len(rk)
+        st_in = take(ns)  # each recurrent kind's (hist, S) stacks
+        x_out, kc_out, vc_out, taps_out = take(4)
+        st_out = take(ns)
+        blocks = take(1)[0] if ares else None  # K3: this token's finished blocks [NB, R, D] (the depth mixture's)
+        snaps = take(ns) if T > 1 else ()  # each state stack after each block token
         # One scratch buffer per (slot, array): a layer reads whole refs, never a slice of a
         # stacked [2, ...] buffer (in the generic interpreter that slice is an extra copy).
-        nw = len(streamed)
-        buf = [dict(zip(streamed, refs[i + nw * j:i + nw * (j + 1)])) for j in range(nb)]
-        i += nw * nb
-        sem_w, kbuf0, kbuf1, vbuf0, vbuf1, sem_kv, sem_wb, attn_buf, newk, newv = refs[i:i + 10]
+        buf = [dict(zip(streamed, take(len(streamed)))) for _ in range(nb)]
+        sem_w, kbuf0, kbuf1, vbuf0, vbuf1, sem_kv, sem_wb, attn_buf, newk, newv = take(10)
         kbufs, vbufs = (kbuf0, kbuf1), (vbuf0, vbuf1)
-        i += 10
-        ne = len(ek)
-        ebuf = [dict(zip(ek, refs[i + ne * j:i + ne * j + ne])) for j in range(2 if ek else 0)]  # two expert slots
-        eids, sem_e = (refs[i + 2 * ne], refs[i + 2 * ne + 1]) if ek else (None, None)
-        i += 2 * ne + 2 if ek else 0
-        cbuf = [dict(zip(dk, refs[i + 3 * j:i + 3 * j + 3])) for j in range(2 if dk else 0)]  # two MLP chunk slots
-        sem_c = refs[i + 6] if dk else None
-        i += 7 if dk else 0
+        ebuf = [dict(zip(ek, take(len(ek)))) for _ in range(2 if ek else 0)]  # two expert slots
+        eids, sem_e = take(2) if ek else (None, None)
+        cbuf = [dict(zip(dk, take(3))) for _ in range(2 if dk else 0)]  # two MLP chunk slots
+        sem_c = take(1)[0] if dk else None
         # recurrent state buffers, one (hist, S) pair per kind and weight slot, read with the layer's weights and
         # written back from the same slot (pending[slot]: 1 + the kind of a write-back not yet waited for)
-        ns = len(st_in)
-        sbuf = [refs[i + ns * j:i + ns * (j + 1)] for j in range(nb)]
-        sem_st, pending = (refs[i + ns * nb], refs[i + ns * nb + 1]) if hybrid else (None, None)
+        sbuf = [take(ns) for _ in range(nb)]
+        sem_st, pending = take(2) if ns else (None, None)
+        snap_buf, sem_sn = (take(ns), take(1)[0]) if snaps else ((), None)
         # kc_in/vc_in alias kc_out/vc_out (one HBM buffer on a TPU): layers read the cache through the input refs
 
         def copies(keys, idx, slot):
@@ -170,15 +165,16 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
         def chunk_copies(l, j):
             """Chunk j of dense layer l's MLP into chunk buffer j % 2."""
             return [pltpu.make_async_copy(w[k].at[l, j], cbuf[j % 2][k], sem_c.at[j % 2, q]) for q, k in enumerate(dk)]
-        # the tiles any row attends: below the highest row's position (its own slot too under mask_own_slot)
-        reach = functools.reduce(jnp.maximum, [pos_s[b] for b in range(B)])
+        # the tiles any row attends: below the highest block start (its own slot too under mask_own_slot)
+        starts = [pos_s[b * T] for b in range(B)]
+        reach = functools.reduce(jnp.maximum, starts)
         n_pos = reach + (1 if kn.mask_own_slot else 0)  # the cache positions any row attends: 0 .. n_pos-1
         live = jax.lax.div(n_pos + TS - 1, TS)  # n_pos >= 0: floor division
         # the lowest row's position: a sliding layer's tiles before its window are never read
-        low = functools.reduce(jnp.minimum, [pos_s[b] for b in range(B)])
+        low = functools.reduce(jnp.minimum, starts)
         x_out[...] = x_in[...]
         if ares:
-            blocks[...] = jnp.zeros((NB, B, D), F32)
+            blocks[...] = jnp.zeros((NB, R, D), F32)
 
         def stream(b_, key, n):
             """A layer's input: the stream itself, or (K3) its depth mixture over n blocks and the prefix."""
@@ -221,24 +217,24 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 @pl.when(jax.lax.rem(l, ares) == 0)
                 def _():
                     blocks[pl.ds(jax.lax.div(l, ares), 1)] = x_out[...][None]
-                    x_out[...] = jnp.zeros((B, D), F32)
+                    x_out[...] = jnp.zeros((R, D), F32)
             x = x_out[...]
             post = (lambda y, key: ops.rmsnorm(y, b_[key][...], eps)) if c.post_norms else (lambda y, key: y)
 
             def attention_layer():
-                q = ops.mm(h, b_["wq"][...])  # [B, H*hd]
-                k = ops.mm(h, b_["wk"][...])  # [B, K*hd]
+                q = ops.mm(h, b_["wq"][...])  # [R, H*hd]
+                k = ops.mm(h, b_["wk"][...])  # [R, K*hd]
                 v = ops.mm(h, b_["wv"][...])
                 if c.attn_bias:  # Qwen2, gpt-oss: float32 biases on the projections, before RoPE
                     q, k, v = q + b_["bq"][...], k + b_["bk"][...], v + b_["bv"][...]
                 if c.qk_norm:
-                    q = ops.reshape(ops.rmsnorm(ops.reshape(q, B * H, hd), b_["q_norm"][...], eps), B, H * hd)
-                    k = ops.reshape(ops.rmsnorm(ops.reshape(k, B * K, hd), b_["k_norm"][...], eps), B, K * hd)
-                rpos = pos_v[...] + kn.rope_pos_offset  # [B, 1]
+                    q = ops.reshape(ops.rmsnorm(ops.reshape(q, R * H, hd), b_["q_norm"][...], eps), R, H * hd)
+                    k = ops.reshape(ops.rmsnorm(ops.reshape(k, R * K, hd), b_["k_norm"][...], eps), R, K * hd)
+                rpos = pos_v[...] + kn.rope_pos_offset  # [R, 1]
                 if kn.pos_in_weights_dtype:  # the position cast with the activations (exact in f32; bf16 to 256)
                     rpos = ops.round_to(rpos.astype(F32), b_["wq"].dtype).astype(jnp.int32)
-                if kn.rows_pos_swapped and B > 1:  # no 0-row piece
-                    rpos = jnp.concatenate([rpos[1:2], rpos[0:1]] + ([rpos[2:]] if B > 2 else []), axis=0)
+                if kn.rows_pos_swapped and R > 1:  # no 0-row piece
+                    rpos = jnp.concatenate([rpos[1:2], rpos[0:1]] + ([rpos[2:]] if R > 2 else []), axis=0)
                 fq, fk = freq_q[0:1, :], freq_k[0:1, :]
                 if windowed:  # a sliding layer's own RoPE (Gemma 3: another base, unscaled)
                     fq, fk = jnp.where(sliding, freq_q[1:2, :], fq), jnp.where(sliding, freq_k[1:2, :], fk)
@@ -249,10 +245,10 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 wdt = b_["wk"].dtype  # kv_bf16_slot: the written slot rounded to the weights' dtype (no-op in f32)
                 rounded = (lambda y: ops.round_to(y, wdt)) if kn.new_kv_in_weights_dtype else (lambda y: y)
                 # staged in VMEM for the write-back DMA after the last layer
-                newk[pl.ds(a, 1)] = ops.reshape(rounded(k), 1, B, Kc, 1, dkc).astype(kvd)
-                newv[pl.ds(a, 1)] = ops.reshape(rounded(v), 1, B, Kc, 1, dvc).astype(kvd)
-                attn_buf[...] = attention.attend(spec, q, k, v, pos_v[...], sliding, first, live, kv_tile, kbufs,
-                                                 vbufs, b_["sinks"][...] if c.attn_sinks else None)
+                newk[pl.ds(a, 1)] = ops.reshape(rounded(k), 1, R, Kc, 1, dkc).astype(kvd)
+                newv[pl.ds(a, 1)] = ops.reshape(rounded(v), 1, R, Kc, 1, dvc).astype(kvd)
+                attn_buf[...] = attention.attend(spec, q, k, v, pos_v[...], blk_v[...], sliding, first, live, kv_tile,
+                                                 kbufs, vbufs, b_["sinks"][...] if c.attn_sinks else None)
                 out = attn_buf[...]
                 if c.attn_out_gate:  # Qwen3-Next: each head's output times sigmoid of its gate
                     out = out * jax.nn.sigmoid(ops.mm(h, b_["wg"][...]))
@@ -271,15 +267,24 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             def mla_layer():
                 q, k, v = mla.project(c, {key: b_[key][...] for key in xk}, h)
                 k, v = ops.round_to(k, kvd), ops.round_to(v, kvd)
-                newk[pl.ds(a, 1)] = ops.reshape(k, 1, B, Kc, 1, dkc).astype(kvd)
-                newv[pl.ds(a, 1)] = ops.reshape(v, 1, B, Kc, 1, dvc).astype(kvd)
-                out = attention.attend(spec, q, k, v, pos_v[...], False, 0, live, kv_tile, kbufs, vbufs, None, True)
+                newk[pl.ds(a, 1)] = ops.reshape(k, 1, R, Kc, 1, dkc).astype(kvd)
+                newv[pl.ds(a, 1)] = ops.reshape(v, 1, R, Kc, 1, dvc).astype(kvd)
+                out = attention.attend(spec, q, k, v, pos_v[...], blk_v[...], False, 0, live, kv_tile, kbufs, vbufs,
+                                       None, True)
                 x_out[...] = x + mla.output(c, {key: b_[key][...] for key in xk}, h, out)
 
             def recurrent_layer(r, name):
                 hist, st = sbuf[s][2 * r], sbuf[s][2 * r + 1]
-                out, hist[...], st[...] = recurrent.layer(c, name, {k: b_[k][...] for k in recurrent.keys(c, name)},
-                                                          h, hist[...], st[...], kn, eps)
+                wr = {k: b_[k][...] for k in recurrent.keys(c, name)}
+                if T == 1:
+                    out, hist[...], st[...] = recurrent.layer(c, name, wr, h, hist[...], st[...], kn, eps)
+                else:  # the block's tokens in order; the state after each is a snapshot (the rollback's)
+                    out, hs, ss = recurrent.block(c, name, wr, h, hist[...], st[...], kn, eps, T)
+                    hist[...], st[...] = hs[T - 1], ss[T - 1]
+                    snap_buf[2 * r][...], snap_buf[2 * r + 1][...] = hs, ss
+                    cps = [pltpu.make_async_copy(snap_buf[j], snaps[j].at[a], sem_sn.at[j]) for j in (2 * r, 2 * r + 1)]
+                    run(cps, True)
+                    run(cps, False)  # waited here: the next layer of this kind reuses the snapshot buffer
                 run(state_copy(r, a, s, True), True)  # waited for before the slot is reused (settle)
                 pending[s] = r + 1
                 x_out[...] = x + post(out, "post_attn_norm")
@@ -379,20 +384,12 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
         for j in range(nb if hybrid else 0):
             settle(j)
 
-        # Every attention layer's new K/V slot goes back to HBM after the last layer: no layer reads another
-        # layer's cache, so the writes can wait, and the layer loop only ever reads the cache.
-        # (Writes inside the loop made the generic interpreter copy the whole cache per write.)
-        write_back = []
-        for b in range(B):
-            for j, (src, dst) in enumerate(((newk, kc_out), (newv, vc_out))):
-                slot = pos_s[b] - (1 if kn.odd_rows_write_early and b % 2 else 0)  # odd rows: one slot early
-                cp = pltpu.make_async_copy(src.at[:, b], dst.at[:, b, :, pl.ds(slot, 1), :], sem_wb.at[j, b])
-                cp.start()
-                write_back.append(cp)
-        run(write_back, False)
+        run(attention.write_back(spec, ((newk, kc_out), (newv, vc_out)), sem_wb, pos_s), False)
 
     out = pallas_call(spec, kernel, hbm, streamed + ek + dk, table, x, pos, k_cache, v_cache, rope, state)
     if not ares:
         return out
-    x, *rest, blocks = out  # K3: the final norm reads the depth mixture over every block and the prefix
-    return (ops.depth_mix(hbm["res_out"], [blocks[j] for j in range(NB)], NB, x, c.rms_eps), *rest)
+    n = 4 + len(state)  # K3: the final norm reads the depth mixture over every block and the prefix
+    blocks = out[n]
+    return (ops.depth_mix(hbm["res_out"], [blocks[j] for j in range(NB)], NB, out[0], c.rms_eps), *out[1:n],
+            *out[n + 1:])

@@ -284,3 +284,36 @@ def pick_experts(logits: jax.Array, bias: jax.Array, *, router: str, top_k: int,
     if norm_topk:
         w = w / jnp.sum(w, axis=-1, keepdims=True)
     return w * scale
+
+
+def _one_hot(n: int, m: int, hit) -> jax.Array:
+    """[n, m] float32: 1 where hit(row iota, column iota)."""
+    r = jax.lax.broadcasted_iota(jnp.int32, (n, m), 0)
+    return hit(r, jax.lax.broadcasted_iota(jnp.int32, (n, m), 1)).astype(F32)
+
+
+def _select(sel: jax.Array, x: jax.Array) -> jax.Array:
+    """sel @ x for a 0/1 sel with at most one 1 a row, at full float32 precision: exact for finite x (one product by
+    1 and sums of zeros), and a matmul, which Mosaic lays out where a strided row slice is refused."""
+    y = jnp.dot(sel, x.reshape(x.shape[0], -1).astype(F32), preferred_element_type=F32,
+                precision=jax.lax.Precision.HIGHEST)
+    return y.reshape(sel.shape[0], *x.shape[1:])
+
+
+def rows_of(x: jax.Array, t: int, T: int) -> jax.Array:
+    """Rows t, T + t, 2T + t, .. of x [B*T, ...] (block token t of each cache row): [B, ...], float32."""
+    B = x.shape[0] // T
+    return _select(_one_hot(B, B * T, lambda b, r: r == b * T + t), x)
+
+
+def spread(x: jax.Array, T: int) -> jax.Array:
+    """Each row of x [B, ...] T times in a row: [B*T, ...] (a cache row's value for each of its block's rows)."""
+    if T == 1:
+        return x
+    return jnp.broadcast_to(x[:, None], (x.shape[0], T, *x.shape[1:])).reshape(x.shape[0] * T, *x.shape[1:])
+
+
+def interleave(xs: list) -> jax.Array:
+    """Block token t's rows xs[t] [B, X] back into the rows b*T + t of one [B*T, X] (the inverse of rows_of)."""
+    T, B = len(xs), xs[0].shape[0]
+    return sum(_select(_one_hot(B * T, B, lambda r, b: r == b * T + t), x) for t, x in enumerate(xs))

@@ -132,6 +132,18 @@ def layer(c: Config, kind: str, w: dict, h, hist, S, kn, eps: float):
     return finish(c, kind, w, o, gate, eps), hist, S
 
 
+def block(c: Config, kind: str, w: dict, h, hist, S, kn, eps: float, T: int):
+    """A verify step's recurrent layer on h [B*T, D] (row b*T + t: cache row b's block token t), the tokens of a
+    row in order: (out [B*T, D], hist and S after each token [T, B, ...]: the snapshots a rollback restores)."""
+    outs, hs, ss = [], [], []
+    for t in range(T):
+        out, hist, S = layer(c, kind, w, ops.rows_of(h, t, T), hist, S, kn, eps)
+        outs.append(out)
+        hs.append(hist)
+        ss.append(S)
+    return ops.interleave(outs), jnp.stack(hs), jnp.stack(ss)
+
+
 def prefill(c: Config, kind: str, w: dict, h, hist, S, valid, eps: float):
     """A prefill's recurrent layer on h [B, T, D] from state (hist, S) [B, ...]; valid [B, T]: a row's state moves
     only over its real tokens. Returns (out [B, T, D], hist, S). Never faulted (the prefill is XLA, as on a TPU)."""

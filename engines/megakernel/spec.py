@@ -142,7 +142,7 @@ def mlp_chunks(c: Config, dtype: str) -> int:
 def expert_slots(spec) -> int:
     """Routed-expert copies a MoE layer can need at most: every row's top-k distinct, or all experts."""
     c = spec.config
-    return min(c.n_experts, spec.batch * c.top_k)
+    return min(c.n_experts, spec.rows * c.top_k)
 
 
 KEEP_F32 = ("router", "shared_gate")  # besides the vectors (norms and biases): tiny, precision-critical
@@ -229,3 +229,9 @@ class KernelSpec:
     vmem_limit: int | None = None  # bytes, passed to Mosaic (engines.megakernel.budget); None: Mosaic's default
     kv_dtype: str = "float32"  # the KV cache's storage (bfloat16: half the bytes a step reads)
     experts: str = "dense"  # the routed experts' storage in HBM (EXPERT_FORMATS)
+    block: int = 1  # tokens a cache row feeds in the step: 1 (decode) or T (a speculative verify: anchor + drafts)
+
+    @property
+    def rows(self) -> int:
+        """The kernel's query rows: each cache row's block tokens, row-major (row b*block + t)."""
+        return self.batch * self.block

@@ -5,8 +5,8 @@ target's own, token for token, whatever the drafter proposes: that is what `eval
 
 Engine options (--engine-option KEY=VALUE):
   target   what verifies a block: "reference" (the reference model's forward pass over the block: the speculation is
-           what is judged, not the model's math) or "megakernel" (its decode kernel, one step a block token: the
-           fused engine and the speculation judged together; its one-call multi-token verify is not built)
+           what is judged, not the model's math) or "megakernel" (its decode kernel taking the whole block in one
+           call, engines.megakernel.verify: the fused engine's verify step and the speculation judged together)
   drafter  ngram (default), layers:N, oracle, random, sweep (engines.spec.drafters)
   block    T, the tokens a verify step takes a row: the anchor and T-1 drafts (default 4)
   seed     the random drafter's seed (default 0)
@@ -31,13 +31,14 @@ from engines.base import (
     source_fingerprint,
 )
 from engines.errors import ModelError
+from engines.megakernel.verify import VERIFY_FAULTS
 from engines.reference import ReferenceEngine
 from engines.spec import drafters
 from engines.spec.target import KernelRunner, Runner
 from engines.weights import Weights, expected_shapes
 
-# what verifies a block: the reference's forward pass over T tokens at once, or the megakernel's decode kernel
-# stepped T times (a sequential verify: its one multi-token kernel call is not built)
+# what verifies a block: the reference's forward pass over T tokens at once, or one call of the megakernel's decode
+# kernel over the T tokens
 TARGETS = ("reference", "megakernel")
 DEFAULT_BLOCK = 4  # the anchor + 3 drafts: every acceptance length 0..3 in a sweep of 4 rounds
 MAX_BLOCK = 16
@@ -52,7 +53,10 @@ FAULTS = (
      "drafts, and a recurrent state keeps them", "the KV length / GDN-KDA state not rolled back", "any rejection"),
     ("draft_offset", "feeds the drafts one position too far (a gap after the anchor)", "draft positions off by one "
      "in the verify step", "accepted drafts: oracle or sweep drafts"),
+    ("block_mask", VERIFY_FAULTS["block_mask_ahead"][1], VERIFY_FAULTS["block_mask_ahead"][2],
+     "target=megakernel (the kernel's verify step), any drafts"),
 )
+KERNEL_FAULTS = {"block_mask": "block_mask_ahead"}  # faults inside the megakernel's verify step
 
 
 @dataclass
@@ -64,7 +68,7 @@ class Stats:
     committed: int = 0  # tokens committed by those rounds (accepted drafts + bonus tokens, before stops cut them)
     accepted_at: list = field(default_factory=list)  # [T-1]: rounds whose draft i was accepted
     acc_hist: list = field(default_factory=list)  # [T]: rounds that accepted 0..T-1 drafts
-    replays: int = 0  # recurrent states rebuilt after a rejection
+    rollbacks: int = 0  # rows whose recurrent state was rolled back after a rejection
 
     def report(self) -> dict:
         r = max(self.rounds, 1)
@@ -72,7 +76,7 @@ class Stats:
                 "acceptance_length": round(self.committed / r, 4) if self.rounds else None,
                 "acceptance_rate_by_position": [round(a / r, 4) for a in self.accepted_at] if self.rounds else None,
                 "accepted_drafts_histogram": list(self.acc_hist),
-                "target_steps_saved": self.committed - self.rounds, "recurrent_replays": self.replays,
+                "target_steps_saved": self.committed - self.rounds, "recurrent_rollbacks": self.rollbacks,
                 "what": "acceptance_length: tokens committed per target step per row (plain decoding: 1); "
                         "acceptance_rate_by_position[i]: the share of steps whose draft i+1 was accepted"}
 
@@ -126,10 +130,12 @@ class SpeculativeEngine(Engine):
         self.name, self.config, self.dtype, self.fault = "spec", weights.config, dtype, fault
         self.weights_sha256 = weights.sha256
         self.block, self.seed, self.drafter_kind, self.target_name = block, seed, drafter, target
+        if fault in KERNEL_FAULTS and target != "megakernel":
+            raise ModelError(f"fault {fault} is in the megakernel's verify step: --engine-option target=megakernel")
         if target == "megakernel":
             from engines.megakernel import MegakernelEngine
 
-            self.target = MegakernelEngine(weights, dtype)
+            self.target = MegakernelEngine(weights, dtype, verify_fault=KERNEL_FAULTS.get(fault))
             self._run = KernelRunner(self.target)
         else:
             self.target = ReferenceEngine(weights, dtype)
@@ -168,8 +174,6 @@ class SpeculativeEngine(Engine):
         """[rows, L, D] at next_ids after prompts, from a verify step of T tokens (next_ids as its anchor, the drafts
         after it unseen by the anchor's row); the last `decoded` prompt tokens reach the cache through verify steps
         of T as well (every draft accepted), the rest by prefill: the cache the speculative path writes."""
-        if self.target_name == "megakernel":  # its verify steps are its kernel steps: the kernel's own taps
-            return self.target.step_taps(prompts, next_ids, decoded)
         T, out = self.block, []
         for p, nxt in zip(prompts, next_ids):
             p = [int(t) for t in p]

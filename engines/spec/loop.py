@@ -137,11 +137,11 @@ def _count(st, log, acc: int, T: int) -> None:
 def _rolled_back(run, before, after, tokens, positions, takes: dict, T: int, fault, st, B: int):
     """The state after each row's anchor and accepted drafts. A position-indexed cache is `after` as it is (the
     rejected drafts' slots lie past the next anchor and are overwritten before a query reaches them); a recurrent
-    state is rebuilt from `before` by replaying the kept tokens, where any row rejected a draft."""
+    state is rolled back by the target (run.rolled_back: a replay or a snapshot), where any row rejected a draft."""
     if not run.recurrent or fault == "no_rollback" or all(t == T - 1 for t in takes.values()):
         return after
     lengths = np.ones(B, np.int64)
     for r, take in takes.items():
         lengths[r] = take + 1
-    st.replays += sum(1 for t in takes.values() if t < T - 1)
-    return run.feed(before, tokens, positions, lengths, 1, False)[-1]
+    st.rollbacks += sum(1 for t in takes.values() if t < T - 1)
+    return run.rolled_back(before, after, tokens, positions, lengths)

@@ -5,8 +5,9 @@ A batch state holds, per row, the K/V cache (a slot a position) and, for hybrid 
 per-row start positions over that state and returns every position's argmax and top-k (the verify step: the
 anchor plus T-1 drafts, attended causally within the block and to the cache). Rollback after a rejection: a
 position-indexed cache needs none (the next block overwrites the rejected drafts' slots before any query can
-see them: a query at p sees slots 0..p); a recurrent state does, and is rebuilt by replaying the accepted tokens
-from the state before the block (`Runner.recurrent`), which is what the state snapshot at row `acc` holds.
+see them: a query at p sees slots 0..p); a recurrent state does: the reference's is rebuilt by replaying the
+accepted tokens from the state before the block, the megakernel's restored from its verify step's snapshot at row
+`acc` (`rolled_back`).
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def _padded(prompt) -> np.ndarray:
 
 
 class Runner:
-    """One model's batch state and its steps (the target's or a draft model's). Host arrays in, host arrays out."""
+    """One model's batch state and its steps (the target's or a draft model's). Host arrays in, host arrays out.
+    A rollback replays the kept tokens from the state before the block."""
 
     def __init__(self, ref: ReferenceEngine):
         self.ref, self.config = ref, ref.config
@@ -102,6 +104,10 @@ class Runner:
         return np.asarray(self._p["taps"](self.ref.params, jnp.asarray(tokens, jnp.int32),
                                           jnp.asarray(positions, jnp.int32), *state))
 
+    def rolled_back(self, before, after, tokens, positions, lengths: np.ndarray):
+        """The state after each row's first lengths[b] block tokens, replayed from `before`."""
+        return self.feed(before, tokens, positions, lengths, 1, False)[-1]
+
     def feed(self, state, tokens: np.ndarray, positions: np.ndarray, lengths: np.ndarray, k: int,
              want_logits: bool):
         """(argmax [B, T], top ids, top logprobs [B, T, k], logits or None as host arrays, the new state)."""
@@ -112,15 +118,16 @@ class Runner:
 
 
 class KernelRunner:
-    """The megakernel engine as a target: a block of T tokens is verified by T of its decode-kernel steps in a row
-    (a sequential verify: the same per-position math as its plain decoding, not yet one multi-token kernel call).
-    Its decode step donates the state, so a recurrent model's state is copied before a block (the replay after a
-    rejection starts from it), and rows past their `lengths` keep their recurrent state through a block's steps."""
+    """The megakernel engine as a target: a block of T tokens a row is verified by ONE call of its decode kernel
+    (engines.megakernel.verify): every block token a query row, attending the cache and its block causally, and a
+    hybrid model's recurrent state returned after every block token. A rollback restores a row's state from the
+    snapshot after its kept tokens (no replay); rows past their `lengths` take the snapshot at their last real one."""
 
     def __init__(self, eng):
         self.eng, self.config = eng, eng.config
         self.recurrent = any(eng.config.kind(i) in RECURRENT for i in range(eng.config.n_layers))
         self._shape = (1, 128)
+        self._snapshots: tuple = ()  # the last verify step's
 
     def empty(self, batch: int, slots: int):
         self._shape = (batch, slots)
@@ -138,20 +145,23 @@ class KernelRunner:
 
     def feed(self, state, tokens: np.ndarray, positions: np.ndarray, lengths: np.ndarray, k: int,
              want_logits: bool):
-        steps = self.eng.steps()
-        n_kv = 2  # the state: K and V caches, then the recurrent stacks (rows on axis 1)
-        if self.recurrent:
-            state = tuple(jnp.copy(a) for a in state)  # the caller keeps the state before the block
-        out = []
-        for t in range(tokens.shape[1]):
-            ended = self.recurrent and bool(np.any(t >= lengths))  # rows whose real tokens ended: state stays
-            keep = jnp.asarray(t >= lengths)
-            prev = tuple(jnp.copy(a) for a in state[n_kv:]) if ended else ()  # the step donates what it reads
-            nxt, ti, tv, lg, state = steps.decode(tokens[:, t].astype(np.int32), positions[:, t].astype(np.int32),
-                                                  state, k, want_logits)
-            if ended:
-                state = (*state[:n_kv], *[jnp.where(keep.reshape(1, -1, *[1] * (b.ndim - 2)), a, b)
-                                          for a, b in zip(prev, state[n_kv:])])
-            out.append((np.asarray(nxt), np.asarray(ti), np.asarray(tv), None if lg is None else np.asarray(lg)))
-        stack = [np.stack([o[j] for o in out], axis=1) for j in range(3)]
-        return (*stack, None if out[0][3] is None else np.stack([o[3] for o in out], axis=1), state)
+        from engines.megakernel import verify
+
+        v = verify.step(self.eng, tokens, positions, state, k, want_logits)
+        self._snapshots = v.snapshots
+        T = tokens.shape[1]
+        state = verify.restored(v.state, v.snapshots, np.minimum(lengths, T)) if np.any(lengths < T) else v.state
+        return v.argmax, v.top_ids, v.top_logprobs, v.logits, state
+
+    def rolled_back(self, before, after, tokens, positions, lengths: np.ndarray):
+        """The state after each row's first lengths[b] block tokens: the last step's snapshots (`before` is unused;
+        the step donated it)."""
+        from engines.megakernel import verify
+
+        return verify.restored(after, self._snapshots, lengths)
+
+    def anchor_taps(self, state, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """[B, L, D]: the taps of a verify step's first position, from the kernel's own verify call."""
+        from engines.megakernel import verify
+
+        return verify.step(self.eng, tokens, positions, state, 1, False, want_taps=True).taps[:, 0]

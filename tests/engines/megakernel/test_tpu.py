@@ -40,8 +40,8 @@ def kernel_faults(config, own_only: bool = False) -> list[str]:
             and (not own_only or needs(f) in MODEL_NEEDS and needs(f) != "moe")]
 
 
-def check_lowered(eng: MegakernelEngine, batch: int, window: int, want_taps: bool = False):
-    spec, low = eng.lower_decode(batch, window, want_taps)
+def check_lowered(eng: MegakernelEngine, batch: int, window: int, want_taps: bool = False, block: int = 1):
+    spec, low = eng.lower_decode(batch, window, want_taps, block)
     k = low.kernel("decode_megakernel")
     b = budget(spec, eng.dtype, eng.chip)
     vmem = sum(tiled_bytes(shape, MOSAIC_DTYPES[d]) for shape, d, space in k.args if space == "vmem")
@@ -52,7 +52,7 @@ def check_lowered(eng: MegakernelEngine, batch: int, window: int, want_taps: boo
     # RoPE by lane rotation, its tables one row each (no permutation matrix); Kimi's MLA layers have no RoPE
     assert k.ops["tpu.dynamic_rotate"] > 0 or not c.attn_layers
     # first and freq (full, sliding) rows of q, then of k
-    assert [a[0] for a in k.args[4:8]] == [(n, h * c.head_dim) for h in (c.n_heads, c.n_kv_heads) for n in (1, 2)]
+    assert [a[0] for a in k.args[5:9]] == [(n, h * c.head_dim) for h in (c.n_heads, c.n_kv_heads) for n in (1, 2)]
     return spec, k
 
 
@@ -85,7 +85,8 @@ def every_lowering_engine(request, mini_llama, mini_moe):
 
 def test_each_configuration_axis_lowers_for_tpu(lowering_engines):
     """Every value of every axis lowered: family (dense, MoE, Qwen2, Gemma 2 and 3, gpt-oss), dtype, KV dtype, batch
-    bucket, window (the first, one of two tiles, the last), taps, and each kernel fault in the dtype where it acts (a
+    bucket, window (the first, one of two tiles, the last), taps, the verify step (block 4) with its fault, and each
+    kernel fault in the dtype where it acts (a
     bf16-only fault is a float32 no-op; a family mini takes its own faults). The full cross product is the heavy
     test below."""
     for weights, eng in lowering_engines:
@@ -101,6 +102,10 @@ def test_each_configuration_axis_lowers_for_tpu(lowering_engines):
             check_lowered(MegakernelEngine(weights, eng.dtype, experts="mxfp4"), 4, 3 * MIN_WINDOW)
         if eng.dtype == "bfloat16":  # the bf16 KV cache: its tiles and staging in bf16, counted so by the budget
             check_lowered(MegakernelEngine(weights, eng.dtype, kv_cache="bfloat16"), 4, 3 * MIN_WINDOW)
+        # the speculative verify step (4 query rows a cache row; a recurrent model's state snapshots), every family
+        check_lowered(eng, 2, ws[1], block=4)
+        if eng.config.name == "mini-llama":  # and its one fault, the block's causal mask off by one
+            check_lowered(MegakernelEngine(weights, eng.dtype, verify_fault="block_mask_ahead"), 2, ws[1], block=4)
 
 
 @pytest.mark.heavy
