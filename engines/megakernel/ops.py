@@ -316,4 +316,4 @@ def spread(x: jax.Array, T: int) -> jax.Array:
 def interleave(xs: list) -> jax.Array:
     """Block token t's rows xs[t] [B, X] back into the rows b*T + t of one [B*T, X] (the inverse of rows_of)."""
     T, B = len(xs), xs[0].shape[0]
-    return sum(_select(_one_hot(B * T, B, lambda r, b: r == b * T + t), x) for t, x in enumerate(xs))
+    return sum(_select(_one_hot(B * T, B, lambda r, b, t=t: r == b * T + t), x) for t, x in enumerate(xs))

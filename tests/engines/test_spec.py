@@ -10,8 +10,8 @@ import pytest
 from engines.base import EngineOptions
 from engines.errors import ModelError
 from engines.spec import SpeculativeEngine
-from engines.spec.engine import KERNEL_FAULTS
 from engines.spec.drafters import lookup
+from engines.spec.engine import KERNEL_FAULTS
 from evalsuite.models import load_model
 from evalsuite.prompts import load_prompts
 
