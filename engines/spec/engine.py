@@ -10,6 +10,7 @@ Engine options (--engine-option KEY=VALUE):
   drafter  ngram (default), layers:N, oracle, random, sweep (engines.spec.drafters)
   block    T, the tokens a verify step takes a row: the anchor and T-1 drafts (default 4)
   seed     the random drafter's seed (default 0)
+  interpret, chip  the megakernel target's own (engines.megakernel: interpret=mosaic compiles it for a TPU)
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ FAULTS = (
      "target=megakernel (the kernel's verify step), any drafts"),
 )
 KERNEL_FAULTS = {"block_mask": "block_mask_ahead"}  # faults inside the megakernel's verify step
+TARGET_OPTIONS = ("interpret", "chip")  # passed to the megakernel target
 
 
 @dataclass
@@ -102,7 +104,7 @@ def truncated(weights: Weights, n: int) -> Weights:
 
 class SpeculativeEngine(Engine):
     faults = tuple(f[0] for f in FAULTS)
-    options = ("target", "drafter", "block", "seed")
+    options = ("target", "drafter", "block", "seed", "interpret", "chip")
     streams_results = True
     max_batch = MAX_BATCH
     paths = ("spec_accept_all", "spec_reject_first", "spec_partial", "refill", "finish_mid_batch", "stop")
@@ -116,10 +118,11 @@ class SpeculativeEngine(Engine):
         x = options.extra
         return cls(model.weights, options.dtype, fault=options.fault, target=str(x.get("target") or "reference"),
                    drafter=str(x.get("drafter") or "ngram"), block=_int(x, "block", DEFAULT_BLOCK),
-                   seed=_int(x, "seed", 0))
+                   seed=_int(x, "seed", 0), kernel={k: str(x[k]) for k in TARGET_OPTIONS if x.get(k)})
 
     def __init__(self, weights: Weights, dtype: str = "float32", fault: str | None = None, target: str = "reference",
-                 drafter: str = "ngram", block: int = DEFAULT_BLOCK, seed: int = 0):
+                 drafter: str = "ngram", block: int = DEFAULT_BLOCK, seed: int = 0, kernel: dict | None = None):
+        """kernel: the megakernel target's own options (TARGET_OPTIONS)."""
         if target not in TARGETS:
             raise ModelError(f"--engine-option target={target!r}: expected one of {', '.join(TARGETS)}")
         if not 2 <= block <= MAX_BLOCK:
@@ -132,10 +135,13 @@ class SpeculativeEngine(Engine):
         self.block, self.seed, self.drafter_kind, self.target_name = block, seed, drafter, target
         if fault in KERNEL_FAULTS and target != "megakernel":
             raise ModelError(f"fault {fault} is in the megakernel's verify step: --engine-option target=megakernel")
+        if kernel and target != "megakernel":
+            raise ModelError(f"--engine-option {next(iter(kernel))} is the megakernel target's: add "
+                             "--engine-option target=megakernel")
         if target == "megakernel":
             from engines.megakernel import MegakernelEngine
 
-            self.target = MegakernelEngine(weights, dtype, verify_fault=KERNEL_FAULTS.get(fault))
+            self.target = MegakernelEngine(weights, dtype, verify_fault=KERNEL_FAULTS.get(fault), **(kernel or {}))
             self._run = KernelRunner(self.target)
         else:
             self.target = ReferenceEngine(weights, dtype)

@@ -94,7 +94,9 @@ def test_prompt_lookup():
 
 @pytest.mark.parametrize("extra, said", [({"drafter": "nope"}, "drafter='nope'"), ({"block": "1"}, "block=1"),
                                          ({"block": "x"}, "block='x'"), ({"target": "tpu"}, "target"),
-                                         ({"drafter": "layers:9"}, "layers:9")])
+                                         ({"drafter": "layers:9"}, "layers:9"),
+                                         ({"interpret": "tpu"}, "target=megakernel"),
+                                         ({"target": "megakernel", "interpret": "nope"}, "interpret")])
 def test_bad_options_are_one_line_errors(extra, said):
     m = load_model("mini-llama")
     with pytest.raises(ModelError, match=said):
