@@ -88,21 +88,21 @@ def n_tiles(spec: KernelSpec) -> int:
     return n - (1 if spec.knobs.skip_last_tile and n > 1 else 0)
 
 
-def attend(spec: KernelSpec, q, k, v, pos_v, blk, sliding, first, live, kv_tile, kbufs, vbufs, sinks,
-           mla: bool = False):
-    """q [R, H*dk], the new tokens' k [R, K*dk], v [R, K*dv] (as the cache holds them), pos_v [R, 1], blk [R, T] the
-    positions of the row's block (R = B*T rows: spec.rows; the cache tiles hold B rows, each read by its T); sliding
-    (traced) the layer's kind; tiles first .. live-1 are read (kv_tile(t): tile t's two copies into buffer
-    t % kv_buffers); sinks [1, H] or None. mla: an MLA layer's (K = H heads, keys n + r wide, values v wide:
-    spec.cache_dims). Returns the heads' outputs [R, H*dv] float32.
+def attend(spec: KernelSpec, q, k, v, blk, sliding, first, live, kv_tile, kbufs, vbufs, sinks, mla: bool = False):
+    """q [R, H*dk], the new tokens' k [R, K*dk], v [R, K*dv] (as the cache holds them): R = B*T query rows (spec.rows),
+    row b*T + t token t of cache row b's block; blk [B, T] the blocks' positions; sliding (traced) the layer's kind;
+    tiles first .. live-1 are read (kv_tile(t): tile t's two copies into buffer t % kv_buffers); sinks [1, H] or
+    None. mla: an MLA layer's (K = H heads, keys n + r wide, values v wide: spec.cache_dims). Returns the heads'
+    outputs [R, H*dv] float32.
 
-    n = R*K groups of G query heads (head kh*G + g of row r -> group r*K + kh, row g). A row attends the cache below
-    its block's first position, then the block's new K/V up to its own position, last (the cache holds none of the
-    block's slots yet), so no VMEM copy of the cache is ever written. The
-    tile loop is static: a traced loop made the generic interpreter carry (and copy) every scratch buffer per
-    iteration, 5x slower at batch 8."""
+    Each block token has its own online softmax over n = B*K groups of G query heads (head kh*G + g of cache row b
+    -> group b*K + kh, row g), so a cache tile is read once for all T of them and never copied per row. A token
+    attends the cache below its block's first position, then its block's new K/V up to its own position, last (the
+    cache holds none of the block's slots yet), so no VMEM copy of the cache is ever written. The tile loop is
+    static: a traced loop made the generic interpreter carry (and copy) every scratch buffer per iteration, 5x
+    slower at batch 8."""
     c, kn = spec.config, spec.knobs
-    R, H, TS, T = spec.rows, c.n_heads, spec.tile, spec.block
+    B, H, TS, T = spec.batch, c.n_heads, spec.tile, spec.block
     K, hd, dv = cache_dims(c)
     G, nt = H // K, n_tiles(spec)
     windowed, win = window(spec)
@@ -113,21 +113,20 @@ def attend(spec: KernelSpec, q, k, v, pos_v, blk, sliding, first, live, kv_tile,
         base = ((c.query_scale or hd) + kn.scale_dim_offset) ** -0.5
         scales = [base * ops.rope_freqs(c, kind)[1] for kind in ("full", "sliding")]
         scale = jnp.where(sliding, scales[1], scales[0]) if scales[0] != scales[1] else scales[0]
-    qg = ops.reshape(ops.reshape(q, R, G, K, hd).transpose(0, 2, 1, 3) if gqa_t else q, R * K, G, hd) * scale
-    heads = lambda a: jnp.repeat(a, K, axis=0)[:, :, None]  # noqa: E731 (a row's [R, 1] for each of its K groups)
+    token = (lambda a, t: a) if T == 1 else (lambda a, t: ops.rows_of(a, t, T))  # noqa: E731 (token t's [B, ..])
+    qg = [ops.reshape(ops.reshape(qt, B, G, K, hd).transpose(0, 2, 1, 3) if gqa_t else qt, B * K, G, hd) * scale
+          for qt in (token(q, t) for t in range(T))]
+    heads = lambda a: jnp.repeat(a, K, axis=0)[:, :, None]  # noqa: E731 ([B, 1] -> [n, 1, 1])
+    start, at = heads(blk[:, 0:1]), [heads(blk[:, t:t + 1]) for t in range(T)]  # the block's first, token t's
 
-    def block_kv(a, t: int, d: int):
-        """Block token t's K or V (a [R, K*d]) for each row of its block: [n, 1, d] (the row's own at T = 1)."""
-        if T == 1:
-            return ops.reshape(a, R * K, 1, d)
-        return ops.spread(ops.reshape(ops.rows_of(a, t, T), R // T, K, 1, d), T).reshape(R * K, 1, d)
-    row_pos, row_start = heads(pos_v), heads(blk[:, 0:1])  # [n, 1, 1]: the row's position, its block's first
+    def written(col):
+        """The cache positions `col` (broadcasting against [n, 1, 1]) the block's tokens may read."""
+        ok = (col <= start) if kn.mask_own_slot else (col < start)
+        return (ok & (col > 0)) if kn.mask_first_slot else ok
 
-    def seen(col):
-        """Which cache positions `col` (any shape broadcasting against [n, 1, 1]) a row attends."""
-        ok = (col <= row_start) if kn.mask_own_slot else (col < row_start)
-        ok = (ok & (col > 0)) if kn.mask_first_slot else ok
-        return (ok & ((col > row_pos - win) | jnp.logical_not(sliding))) if windowed else ok
+    def seen(col, t):
+        """Those block token t attends (a sliding layer's window ends at its own position)."""
+        return (written(col) & ((col > at[t] - win) | jnp.logical_not(sliding))) if windowed else written(col)
 
     def capped(sc, ok):
         """Soft-capped scores (Gemma 2), -inf where not attended; the cap goes before the mask."""
@@ -135,13 +134,14 @@ def attend(spec: KernelSpec, q, k, v, pos_v, blk, sliding, first, live, kv_tile,
             return ops.softcap(jnp.where(ok, sc, -jnp.inf), c.attn_softcap)
         return jnp.where(ok, ops.softcap(sc, c.attn_softcap), -jnp.inf)
 
-    mla = (jnp.full((R * K, G, 1), -jnp.inf, F32), jnp.zeros((R * K, G, 1), F32), jnp.zeros((R * K, G, dv), F32))
+    init = (jnp.full((B * K, G, 1), -jnp.inf, F32), jnp.zeros((B * K, G, 1), F32), jnp.zeros((B * K, G, dv), F32))
     if sinks is not None and not kn.sink_dropped:  # gpt-oss: a learned logit per head joins the denominator
         sk = sinks.reshape(1, G, K).transpose(0, 2, 1) if gqa_t else sinks.reshape(1, K, G)  # head kh*G + g
-        mla = (ops.reshape(jnp.broadcast_to(sk, (R, K, G)), R * K, G, 1), jnp.ones((R * K, G, 1), F32), mla[2])
+        init = (ops.reshape(jnp.broadcast_to(sk, (B, K, G)), B * K, G, 1), jnp.ones((B * K, G, 1), F32), init[2])
+    states = [init] * T  # each block token's (max, sum, accumulator)
     for t in range(nt):  # a tile no row attends is neither copied nor read (bitwise the same: a fully masked
         # tile adds exactly nothing to the online softmax)
-        def tile_step(mla, t=t):
+        def tile_step(states, t=t):
             for cp in kv_tile(t):
                 cp.wait()
             if t + 1 < nt:
@@ -151,24 +151,28 @@ def attend(spec: KernelSpec, q, k, v, pos_v, blk, sliding, first, live, kv_tile,
                         cp.start()
 
             j = t % spec.kv_buffers
-            kt, vt = (ops.spread(bufs[j][...], T).reshape(R * K, TS, d).astype(F32)
-                      for bufs, d in ((kbufs, hd), (vbufs, dv)))
-            sc = jnp.einsum("nqd,nkd->nqk", qg, kt, preferred_element_type=F32,
-                            precision=ops.precision(F32))  # [n, G, TS]
-            col = t * TS + jax.lax.broadcasted_iota(jnp.int32, (R * K, 1, TS), 2)
+            kt = kbufs[j][...].reshape(B * K, TS, hd).astype(F32)
+            col = t * TS + jax.lax.broadcasted_iota(jnp.int32, (B * K, 1, TS), 2)
             # V is masked as well as the scores: an unwritten slot may hold anything (NaN included), and a zero
-            # probability times NaN is NaN
-            vt = jnp.where(seen(t * TS + jax.lax.broadcasted_iota(jnp.int32, (R * K, TS, 1), 1)), vt, 0.0)
-            return ops.online_softmax_step(mla, capped(sc, seen(col)), vt)
+            # probability times NaN is NaN (a written slot outside a window is finite, and its probability 0)
+            vt = jnp.where(written(t * TS + jax.lax.broadcasted_iota(jnp.int32, (B * K, TS, 1), 1)),
+                           vbufs[j][...].reshape(B * K, TS, dv).astype(F32), 0.0)
+            return [ops.online_softmax_step(st, capped(jnp.einsum("nqd,nkd->nqk", qg[u], kt, preferred_element_type=F32,
+                                                                  precision=ops.precision(F32)), seen(col, u)), vt)
+                    for u, st in enumerate(states)]  # scores [n, G, TS]
 
-        mla = jax.lax.cond((t >= first) & (t < live), tile_step, lambda m: m, mla)
-    for t in range(0 if kn.skip_new_kv else T):  # block token t's K/V (skip_new_kv, the fault: never attended)
-        kb, vb = (block_kv(a, t, d) for a, d in ((k, hd), (v, dv)))
-        at = heads(blk[:, t:t + 1])  # [n, 1, 1]: its position
-        ok = at <= row_pos + (1 if kn.block_mask_ahead else 0)  # causal (the fault: the next block token too)
-        ok = (ok & ((at > row_pos - win) | jnp.logical_not(sliding))) if windowed else ok
-        sc = jnp.einsum("nqd,nkd->nqk", qg, kb, preferred_element_type=F32, precision=ops.precision(F32))  # [n, G, 1]
-        mla = ops.online_softmax_step(mla, capped(sc, ok), jnp.where(ok, vb, 0.0))
-    _, lsum, acc = mla
-    out = jnp.where(lsum > 0, acc / jnp.maximum(lsum, 1e-30), 0.0)  # [n, G, dv]
-    return ops.reshape(out.reshape(R, K, G, dv).transpose(0, 2, 1, 3) if gqa_t else out, R, H * dv)
+        states = jax.lax.cond((t >= first) & (t < live), tile_step, lambda s: s, states)
+    new = [(ops.reshape(token(k, t), B * K, 1, hd), ops.reshape(token(v, t), B * K, 1, dv)) for t in range(T)]
+    ahead = 1 if kn.block_mask_ahead else 0  # the fault: a token also sees the next block token
+    outs = []
+    for t, st in enumerate(states):
+        for u in range(0 if kn.skip_new_kv else min(T, t + 1 + ahead)):  # skip_new_kv (the fault): none attended
+            ok = at[u] <= at[t] + ahead  # block token u's K/V, causal by position (a block's positions ascend)
+            ok = (ok & ((at[u] > at[t] - win) | jnp.logical_not(sliding))) if windowed else ok
+            sc = jnp.einsum("nqd,nkd->nqk", qg[t], new[u][0], preferred_element_type=F32,
+                            precision=ops.precision(F32))  # [n, G, 1]
+            st = ops.online_softmax_step(st, capped(sc, ok), jnp.where(ok, new[u][1], 0.0))
+        _, lsum, acc = st
+        out = jnp.where(lsum > 0, acc / jnp.maximum(lsum, 1e-30), 0.0)  # [n, G, dv]
+        outs.append(ops.reshape(out.reshape(B, K, G, dv).transpose(0, 2, 1, 3) if gqa_t else out, B, H * dv))
+    return outs[0] if T == 1 else ops.interleave(outs)

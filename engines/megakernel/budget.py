@@ -129,7 +129,7 @@ def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
     R, T = spec.rows, spec.block  # query rows (a verify step's T a cache row); B: cache rows
     shapes = expected_shapes(c)
     out = [Item("activations", "x in", (R, D), "float32"), Item("activations", "positions", (R, 1), "int32"),
-           Item("activations", "block positions", (R, T), "int32"),
+           Item("activations", "block positions", (B, T), "int32"),
            Item("activations", "rope q (first)", (1, H * hd), "float32"),
            Item("activations", "rope q (freq: full, sliding)", (2, H * hd), "float32"),
            Item("activations", "rope k (first)", (1, K * hd), "float32"),

@@ -68,6 +68,6 @@ def pallas_call(spec: KernelSpec, kernel, hbm: dict, keys: tuple, table, x, pos,
                           scratch_shapes=scratch, input_output_aliases=aliases,
                           interpret=spec.interpret, name="decode_megakernel",
                           compiler_params=pltpu.CompilerParams(vmem_limit_bytes=spec.vmem_limit))
-    blk = jnp.repeat(pos.reshape(B, T), T, axis=0)  # [R, T]: each row's block's positions
+    blk = pos.reshape(B, T)  # each cache row's block's positions
     return call(pos, jnp.asarray(table, jnp.int32), x, pos[:, None], blk, *[rope[k] for k in ROPE_KEYS],
                 *[hbm[k] for k in keys], k_cache, v_cache, *state)

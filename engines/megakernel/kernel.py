@@ -247,8 +247,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 # staged in VMEM for the write-back DMA after the last layer
                 newk[pl.ds(a, 1)] = ops.reshape(rounded(k), 1, R, Kc, 1, dkc).astype(kvd)
                 newv[pl.ds(a, 1)] = ops.reshape(rounded(v), 1, R, Kc, 1, dvc).astype(kvd)
-                attn_buf[...] = attention.attend(spec, q, k, v, pos_v[...], blk_v[...], sliding, first, live, kv_tile,
-                                                 kbufs, vbufs, b_["sinks"][...] if c.attn_sinks else None)
+                attn_buf[...] = attention.attend(spec, q, k, v, blk_v[...], sliding, first, live, kv_tile, kbufs,
+                                                 vbufs, b_["sinks"][...] if c.attn_sinks else None)
                 out = attn_buf[...]
                 if c.attn_out_gate:  # Qwen3-Next: each head's output times sigmoid of its gate
                     out = out * jax.nn.sigmoid(ops.mm(h, b_["wg"][...]))
@@ -269,8 +269,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 k, v = ops.round_to(k, kvd), ops.round_to(v, kvd)
                 newk[pl.ds(a, 1)] = ops.reshape(k, 1, R, Kc, 1, dkc).astype(kvd)
                 newv[pl.ds(a, 1)] = ops.reshape(v, 1, R, Kc, 1, dvc).astype(kvd)
-                out = attention.attend(spec, q, k, v, pos_v[...], blk_v[...], False, 0, live, kv_tile, kbufs, vbufs,
-                                       None, True)
+                out = attention.attend(spec, q, k, v, blk_v[...], False, 0, live, kv_tile, kbufs, vbufs, None, True)
                 x_out[...] = x + mla.output(c, {key: b_[key][...] for key in xk}, h, out)
 
             def recurrent_layer(r, name):

@@ -306,13 +306,6 @@ def rows_of(x: jax.Array, t: int, T: int) -> jax.Array:
     return _select(_one_hot(B, B * T, lambda b, r: r == b * T + t), x)
 
 
-def spread(x: jax.Array, T: int) -> jax.Array:
-    """Each row of x [B, ...] T times in a row: [B*T, ...] (a cache row's value for each of its block's rows)."""
-    if T == 1:
-        return x
-    return jnp.broadcast_to(x[:, None], (x.shape[0], T, *x.shape[1:])).reshape(x.shape[0] * T, *x.shape[1:])
-
-
 def interleave(xs: list) -> jax.Array:
     """Block token t's rows xs[t] [B, X] back into the rows b*T + t of one [B*T, X] (the inverse of rows_of)."""
     T, B = len(xs), xs[0].shape[0]
