@@ -138,6 +138,8 @@ def _tpu_diffs(diffs: dict) -> str:
                      f"{r['prompts_identical']} of {r['prompts']}", _sci(r["max_dlogprob"]),
                      "; ".join(n.split(";")[0] for n in r["not_checked"]) or "-"])
     return ("\n`evalsuite diff --prompts quick --engine-option interpret=mosaic` on the chip (the megakernel compiled "
-            "by Mosaic against the reference there):\n\n"
+            "by Mosaic against the reference there; a \"spec verify step\" row is `--engine spec --engine-option "
+            "target=megakernel --engine-option drafter=sweep --max-new-tokens 16`, its verify step compiled by Mosaic, "
+            "against the reference's plain greedy decoding):\n\n"
             + _table(["model, dtype", "verdict", "positions", "real mismatches", "identical", "max abs. logprob diff.",
                       "not checked"], rows))

@@ -37,6 +37,11 @@ MIB = 1 << 20
 # the kernel declares and the live values estimated here. Not measured: the MINI families compiled within it on a
 # TPU v5e (docs/tpu.md), which shows it was enough for them, not what Mosaic took.
 MOSAIC_SLACK = 0.25
+# A verify step (spec.block > 1) makes Mosaic allocate temporaries the buffers and live values above do not cover:
+# its scoped VMEM on a TPU v5e exceeded the declared buffers by 2.0, 3.4 and 6.0-6.5 MiB at 2, 4 and 8 cache rows
+# (mini-llama float32, T 2 and 4, a 128-slot tile; `python -m interop.tpu_verify_probe`), and the 25% slack did not
+# hold it. About six float32 KV tiles a cache row; counted as that many (one model's measurement, not a law).
+VERIFY_TILES = 6
 
 
 def tiled_bytes(shape: tuple[int, ...], dtype: str) -> int:
@@ -169,6 +174,9 @@ def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
         if T > 1:  # a verify step's snapshots after each block token, staged for their copy out
             out += [Item("recurrent state", f"{kind.upper()} {what} snapshots", (T, *a[1:]), "float32")
                     for what, a in (("conv history", hist), ("delta-rule state", st))]
+    if T > 1:  # a verify step: Mosaic's own temporaries beyond the declared buffers, per VERIFY_TILES
+        out.append(Item("live (estimate)", "verify step temporaries", (VERIFY_TILES * B * Kc, TS, max(dkc, dvc)),
+                        "float32"))
     f = max(c.ffn if c.n_dense_layers else 0, c.moe_ffn if c.n_moe_layers else 0)
     out += [Item("live (estimate)", "MLP activations (gate, up, product)", (R, f), "float32", 3),
             Item("live (estimate)", "q, scores and accumulator", (R * H, max(hd, TS)), "float32", 3),
