@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,9 @@ def main() -> None:
     ap.add_argument("--slack", type=float, default=None, help="override the budget's Mosaic slack")
     ap.add_argument("--shapes", default="8x1,8x2,2x4,4x4,8x4")
     ap.add_argument("--window", type=int, default=128)
+    ap.add_argument("--out", help="unused (the TPU scripts' common flag)")
     args = ap.parse_args()
+    from engines.errors import ModelError
     from engines.megakernel import MegakernelEngine, recurrent
     from engines.megakernel import budget as budget_mod
     from engines.megakernel.spec import cache_shapes
@@ -27,7 +30,11 @@ def main() -> None:
     if args.slack is not None:
         budget_mod.MOSAIC_SLACK = args.slack
     m = load_model(args.model)
-    eng = MegakernelEngine(m.weights, interpret="mosaic", chip="v5e")
+    try:
+        eng = MegakernelEngine(m.weights, interpret="mosaic", chip="v5e")
+    except ModelError as e:  # no TPU here: one line
+        print(f"tpu_verify_probe: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     c = m.config
     for shape in args.shapes.split(","):
         B, T = (int(x) for x in shape.split("x"))
