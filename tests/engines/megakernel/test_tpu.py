@@ -194,8 +194,9 @@ def test_budget_command():
 
 
 def test_tpu_scripts_refuse_a_host_without_a_tpu_and_the_probe_runs_in_interpret_mode(tmp_path):
-    """interop/tpu_check.py, tpu_probe.py and tpu_verify_probe.py run on a TPU host; here they say so in one line (exit 2), and the
-    probe's own logic runs on the generic interpreter: the faithful kernel's tokens equal the reference's."""
+    """interop/tpu_check.py, tpu_probe.py and tpu_verify_probe.py run on a TPU host; here they say so in one line
+    (exit 2), and the probe's own logic runs on the generic interpreter: the faithful kernel's tokens equal the
+    reference's."""
     for mod in ("interop.tpu_check", "interop.tpu_probe", "interop.tpu_verify_probe"):
         p = subprocess.run([sys.executable, "-m", mod, "--out", str(tmp_path / "x")], capture_output=True, text=True)
         assert p.returncode == 2 and p.stderr.count("\n") == 1 and "TPU" in p.stderr, (mod, p.stderr)
