@@ -88,6 +88,30 @@ def n_tiles(spec: KernelSpec) -> int:
     return n - (1 if spec.knobs.skip_last_tile and n > 1 else 0)
 
 
+def _scale(spec: KernelSpec, sliding, mla: bool):
+    """The scores' scale: an MLA key's true width (n + r)^-1/2 (the fault: its padded width's), or 1/sqrt(hd) or
+    Gemma's query_pre_attn_scalar**-0.5, times a scaled RoPE's factor (YaRN)."""
+    c, kn, hd = spec.config, spec.knobs, cache_dims(spec.config)[1]
+    if mla:
+        return (pl.next_power_of_2(hd) if kn.mla_scale_padded else hd) ** -0.5
+    base = ((c.query_scale or hd) + kn.scale_dim_offset) ** -0.5
+    scales = [base * ops.rope_freqs(c, kind)[1] for kind in ("full", "sliding")]
+    return jnp.where(sliding, scales[1], scales[0]) if scales[0] != scales[1] else scales[0]
+
+
+def _start(spec: KernelSpec, sinks):
+    """An online softmax's start (max, sum, accumulator) over the B*K groups of G heads: empty, or gpt-oss's sinks
+    (a learned logit per head) already in the denominator."""
+    c, kn, B = spec.config, spec.knobs, spec.batch
+    K, _, dv = cache_dims(c)
+    G = c.n_heads // K
+    init = (jnp.full((B * K, G, 1), -jnp.inf, F32), jnp.zeros((B * K, G, 1), F32), jnp.zeros((B * K, G, dv), F32))
+    if sinks is None or kn.sink_dropped:  # sink_dropped, the fault: left out of the denominator
+        return init
+    sk = sinks.reshape(1, G, K).transpose(0, 2, 1) if kn.gqa_transposed else sinks.reshape(1, K, G)  # head kh*G + g
+    return ops.reshape(jnp.broadcast_to(sk, (B, K, G)), B * K, G, 1), jnp.ones((B * K, G, 1), F32), init[2]
+
+
 def attend(spec: KernelSpec, q, k, v, blk, sliding, first, live, kv_tile, kbufs, vbufs, sinks, mla: bool = False):
     """q [R, H*dk], the new tokens' k [R, K*dk], v [R, K*dv] (as the cache holds them): R = B*T query rows (spec.rows),
     row b*T + t token t of cache row b's block; blk [B, T] the blocks' positions; sliding (traced) the layer's kind;
@@ -107,12 +131,7 @@ def attend(spec: KernelSpec, q, k, v, blk, sliding, first, live, kv_tile, kbufs,
     G, nt = H // K, n_tiles(spec)
     windowed, win = window(spec)
     gqa_t = kn.gqa_transposed  # query head h reads kv head h % K instead of h // G
-    if mla:  # the key's true width (n + r)^-1/2; the fault: a kernel's padded width's
-        scale = (pl.next_power_of_2(hd) if kn.mla_scale_padded else hd) ** -0.5
-    else:  # 1/sqrt(hd) or Gemma's query_pre_attn_scalar**-0.5, times a scaled RoPE's factor (YaRN)
-        base = ((c.query_scale or hd) + kn.scale_dim_offset) ** -0.5
-        scales = [base * ops.rope_freqs(c, kind)[1] for kind in ("full", "sliding")]
-        scale = jnp.where(sliding, scales[1], scales[0]) if scales[0] != scales[1] else scales[0]
+    scale = _scale(spec, sliding, mla)
     token = (lambda a, t: a) if T == 1 else (lambda a, t: ops.rows_of(a, t, T))  # noqa: E731 (token t's [B, ..])
     qg = [ops.reshape(ops.reshape(qt, B, G, K, hd).transpose(0, 2, 1, 3) if gqa_t else qt, B * K, G, hd) * scale
           for qt in (token(q, t) for t in range(T))]
@@ -134,11 +153,7 @@ def attend(spec: KernelSpec, q, k, v, blk, sliding, first, live, kv_tile, kbufs,
             return ops.softcap(jnp.where(ok, sc, -jnp.inf), c.attn_softcap)
         return jnp.where(ok, ops.softcap(sc, c.attn_softcap), -jnp.inf)
 
-    init = (jnp.full((B * K, G, 1), -jnp.inf, F32), jnp.zeros((B * K, G, 1), F32), jnp.zeros((B * K, G, dv), F32))
-    if sinks is not None and not kn.sink_dropped:  # gpt-oss: a learned logit per head joins the denominator
-        sk = sinks.reshape(1, G, K).transpose(0, 2, 1) if gqa_t else sinks.reshape(1, K, G)  # head kh*G + g
-        init = (ops.reshape(jnp.broadcast_to(sk, (B, K, G)), B * K, G, 1), jnp.ones((B * K, G, 1), F32), init[2])
-    states = [init] * T  # each block token's (max, sum, accumulator)
+    states = [_start(spec, sinks)] * T  # each block token's online softmax
     for t in range(nt):  # a tile no row attends is neither copied nor read (bitwise the same: a fully masked
         # tile adds exactly nothing to the online softmax)
         def tile_step(states, t=t):
