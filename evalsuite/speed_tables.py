@@ -4,6 +4,7 @@ benchmarks/results/spec.json (`python -m benchmarks.spec --results benchmarks/re
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from evalsuite.doctables import _absent, _load, _source, _table
@@ -70,3 +71,29 @@ def spec_figures(root: Path) -> str:
             + _table(["drafter", "block", "acceptance length", "acceptance rate by draft position",
                       "target steps for tokens", "tokens identical to plain", "seconds, plain (speedup)",
                       "`diff --engine spec`"], rows))
+
+
+PEAK = "benchmarks/results/judge-peak-*.json"  # python -m benchmarks.judge_peak --results ... (a file a run)
+
+
+def judge_peak_figures(root: Path) -> str:
+    """The judge's prefill, scoring pass, batch-32 decode and LM head as shares of the matmul peak measured in the
+    same run, a row per run (each run's own file)."""
+    files = sorted(root.glob(PEAK))
+    if not files:
+        return _absent(PEAK)
+    rows = []
+    for f in files:
+        r = json.loads(f.read_text("utf-8"))
+        share = lambda k, r=r: f"{r[k]['gflops']:.0f} ({r[k]['share_of_square_peak']:.2f}x)"  # noqa: E731
+        b1 = r["decode_b1"]
+        rows.append([f"{r['model']}, {r['measured_on']}", f"{r['peak_numpy_square_gflops']:.0f}",
+                     f"{r['peak_jax_square_gflops']:.0f}", share("prefill"), share("scoring"), share("decode_b32"),
+                     share("head_topk_b32"), f"{b1['ms_per_step']:.1f} ({b1['ratio_to_floor']:.2f}x)",
+                     f"{r['decode_b32']['speedup_vs_b1']:.1f}x"])
+    return (_source(*[str(f.relative_to(root)) for f in files],
+                    how=" (`python -m benchmarks.judge_peak`, float32; GFLOP/s and the share of the same run's "
+                        "numpy peak)")
+            + _table(["model, run", "peak: numpy 2048^3", "jax 2048^3", "prefill 4 x 1,024", "scoring pass 2 x 1,024",
+                      "decode batch 32", "LM head + top-5, batch 32", "decode batch 1, ms (x read floor)",
+                      "batch 32 / batch 1 tokens/s"], rows))
