@@ -1,0 +1,30 @@
+"""The benchmark scripts' input checks (their figures are measured by hand and committed as JSON: docs/)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from benchmarks.judge_peak import token_flops
+from evalsuite.models import load_model
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "benchmarks.judge_peak", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_judge_peak_refuses_what_it_cannot_count_in_one_line():
+    p = _run("--model", "mini-moe")  # its FLOP count is a dense decoder's
+    assert p.returncode != 0 and p.stderr.strip().count("\n") == 0 and "dense" in p.stderr, p.stderr
+    p = _run("--results", "/nonexistent/dir/x.json")  # before minutes of timing, not after
+    assert p.returncode != 0 and "no directory" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_judge_peak_counts_a_token_by_hand():
+    """mini-llama at position 9: every projection's multiply-adds, attention over 10 keys a layer, and the head."""
+    c = load_model("mini-llama").config
+    D, H, K, hd, F, L, V = c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn, c.n_layers, c.vocab_size
+    per_layer = 2 * D * H * hd + 2 * 2 * D * K * hd + 2 * H * hd * D + 3 * 2 * D * F + 2 * 2 * H * hd * 10
+    assert token_flops(c, 9, True) == L * per_layer + 2 * D * V
+    assert token_flops(c, 9, False) == L * per_layer
