@@ -294,7 +294,8 @@ def _drift_and_scale(run: _Run) -> tuple[dict, dict, dict | None]:
     spec, caps = run.spec, run.caps
     routed = run.recipe is not None and run.model.config.n_moe_layers > 0
     ties = routing.routing_ties(run.per_prompt, run.margins, witness=run.recipe_real) if routed else None
-    run.not_checked.extend(w["note"] for w in run.witnessed if not w["run"])
+    ns = [w["note"] for w in run.witnessed if not w["run"]]  # one a flagged prompt: each said once, counted
+    run.not_checked += [n + (f" ({ns.count(n)} prompts)" if ns.count(n) > 1 else "") for n in dict.fromkeys(ns)]
     if ties and ties["positions_not_judged"]:
         run.not_checked.append(ties["note"])
     # drift over every position, routing near-ties included: the engine and the recipe both flip experts at
