@@ -22,18 +22,27 @@ MIN_COMPILE_SECONDS = 0.0
 # entry ... -atime: FileNotFoundError" here; an entry is about 0.3 MB (740 KB for a generate's three).
 
 
-def enable() -> str | None:
-    """Apply EVALSUITE_COMPILE_CACHE (idempotent); returns the cache's directory, or None when it is off."""
+def directory() -> Path | None:
+    """The cache's directory as EVALSUITE_COMPILE_CACHE and jax's own setting say (None: off); changes nothing."""
     import jax
 
     setting = os.environ.get("EVALSUITE_COMPILE_CACHE", "").strip()
     if setting.lower() in OFF:
+        return None
+    if setting:
+        return Path(setting).expanduser()
+    current = jax.config.jax_compilation_cache_dir
+    return Path(current) if current else DEFAULT_DIR
+
+
+def enable() -> str | None:
+    """Apply EVALSUITE_COMPILE_CACHE (idempotent); returns the cache's directory, or None when it is off."""
+    import jax
+
+    path = directory()
+    if path is None:
         jax.config.update("jax_enable_compilation_cache", False)
         return None
-    path = Path(setting).expanduser() if setting else None
-    if path is None:
-        current = jax.config.jax_compilation_cache_dir
-        path = Path(current) if current else DEFAULT_DIR
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError:

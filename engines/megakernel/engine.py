@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache, partial
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from engines import compile_cache
+from engines import compile_cache, lowered
 from engines.base import (
     Capabilities,
     Engine,
@@ -80,6 +81,11 @@ class _Programs:
         self.kv_dtype, self.experts = kv_dtype, experts
         self.interpret = {"generic": True, "tpu": tpu_interpret_params(), "mosaic": False}[interpret]
         self.batch_invariant = batch_invariant
+        # the Pallas steps in the generic interpreter: their lowered programs kept on disk (engines.lowered)
+        kernel_jit = partial(lowered.jit, package_dir=Path(__file__).parent, keep=interpret == "generic",
+                             spec={"programs": repr((c, kn, fault_layer, n_buffers, batch_invariant, chip, kv_dtype,
+                                                     experts))}, static_argnames=("want_taps", "window"),
+                             donate_argnums=(3,))
         self.final_eps = c.rms_eps if kn.final_norm_eps is None else kn.final_norm_eps  # the decode step's
         self.jitted = {
             "_prefill": jax.jit(self._prefill_impl, static_argnames=("slots",)),
@@ -93,15 +99,12 @@ class _Programs:
             "_put": jax.jit(lambda state, rows, where, src: tuple(a.at[:, where].set(r[:, src])
                                                                   for a, r in zip(state, rows)),
                             donate_argnums=(0,)),
-            # The decode step is two programs: the kernel (keyed by its shape: rows, slots, window, taps) and
-            # the head (final norm, logits, top-k; keyed by k and want_logits). One program for both traced
-            # and lowered the whole Pallas kernel again for every (k, want_logits) a caller used (generate's
-            # top-5, teacher forcing's logits), about 1.6 s each for mini-llama even from the persistent
-            # cache.
-            "_decode": jax.jit(self._decode_impl, static_argnames=("want_taps", "window"), donate_argnums=(3,)),
+            # The decode step is two programs: the kernel (keyed by its shape: rows, slots, window, taps) and the head
+            # (final norm, logits, top-k; keyed by k and want_logits). One program for both traced and lowered the
+            # kernel again for every (k, want_logits) a caller used, about 1.6 s each for mini-llama.
+            "_decode": kernel_jit(self._decode_impl, "_decode"),
             "_head": jax.jit(self._head_impl, static_argnames=("k", "want_logits", "decode")),
-            "_verify": jax.jit(partial(kernel_block, self), static_argnames=("want_taps", "window"),
-                               donate_argnums=(3,)),
+            "_verify": kernel_jit(partial(kernel_block, self), "_verify"),
         }
 
     # ---- jitted pieces -------------------------------------------------------------------------
@@ -279,8 +282,6 @@ class MegakernelEngine(Engine):
     @property
     def fingerprint(self) -> str:
         """Source, jax versions and static spec (engines.base.source_fingerprint)."""
-        from pathlib import Path
-
         return source_fingerprint(Path(__file__).parent, {
             "engine": self.name, "dtype": self.dtype, "fault": self.fault, "fault_layer": self.fault_layer,
             "n_buffers": self.n_buffers, "interpret": str(self.interpret), "attn_tile": ATTN_TILE,
