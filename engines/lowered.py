@@ -84,7 +84,10 @@ class Kept:
             self.exported += 1
         else:
             self.loaded += 1
-        return jax.jit(exported.call, donate_argnums=self.donate_argnums)
+        # shardings stated: without them an exported call is compiled again when its inputs turn from uncommitted to
+        # committed (the second decode step), a module jax's cache does not match (mini-llama: 2.6 s more a shape)
+        one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        return jax.jit(exported.call, in_shardings=one, out_shardings=one, donate_argnums=self.donate_argnums)
 
 
 def _read(path: Path):
