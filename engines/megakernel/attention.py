@@ -91,9 +91,10 @@ def n_tiles(spec: KernelSpec) -> int:
 def _scale(spec: KernelSpec, sliding, mla: bool):
     """The scores' scale: an MLA key's true width (n + r)^-1/2 (the fault: its padded width's), or 1/sqrt(hd) or
     Gemma's query_pre_attn_scalar**-0.5, times a scaled RoPE's factor (YaRN)."""
-    c, kn, hd = spec.config, spec.knobs, cache_dims(spec.config)[1]
-    if mla:
-        return (pl.next_power_of_2(hd) if kn.mla_scale_padded else hd) ** -0.5
+    c, kn, hd = spec.config, spec.knobs, cache_dims(spec.config, spec.mla)[1]
+    if mla:  # either form: the expanded key's width, n + r
+        width = c.mla_nope_dim + c.mla_rope_dim
+        return (pl.next_power_of_2(width) if kn.mla_scale_padded else width) ** -0.5
     base = ((c.query_scale or hd) + kn.scale_dim_offset) ** -0.5
     scales = [base * ops.rope_freqs(c, kind)[1] for kind in ("full", "sliding")]
     return jnp.where(sliding, scales[1], scales[0]) if scales[0] != scales[1] else scales[0]
@@ -103,7 +104,7 @@ def _start(spec: KernelSpec, sinks):
     """An online softmax's start (max, sum, accumulator) over the B*K groups of G heads: empty, or gpt-oss's sinks
     (a learned logit per head) already in the denominator."""
     c, kn, B = spec.config, spec.knobs, spec.batch
-    K, _, dv = cache_dims(c)
+    K, _, dv = cache_dims(c, spec.mla)
     G = c.n_heads // K
     init = (jnp.full((B * K, G, 1), -jnp.inf, F32), jnp.zeros((B * K, G, 1), F32), jnp.zeros((B * K, G, dv), F32))
     if sinks is None or kn.sink_dropped:  # sink_dropped, the fault: left out of the denominator
@@ -116,8 +117,8 @@ def attend(spec: KernelSpec, q, k, v, blk, sliding, first, live, kv_tile, kbufs,
     """q [R, H*dk], the new tokens' k [R, K*dk], v [R, K*dv] (as the cache holds them): R = B*T query rows (spec.rows),
     row b*T + t token t of cache row b's block; blk [B, T] the blocks' positions; sliding (traced) the layer's kind;
     tiles first .. live-1 are read (kv_tile(t): tile t's two copies into buffer t % kv_buffers); sinks [1, H] or
-    None. mla: an MLA layer's (K = H heads, keys n + r wide, values v wide: spec.cache_dims). Returns the heads'
-    outputs [R, H*dv] float32.
+    None. mla: an MLA layer's (spec.cache_dims: expanded, K = H heads; absorbed, one the H heads share). Returns the
+    heads' outputs [R, H*dv] float32.
 
     Each block token has its own online softmax over n = B*K groups of G query heads (head kh*G + g of cache row b
     -> group b*K + kh, row g), so a cache tile is read once for all T of them and never copied per row. A token
@@ -127,7 +128,7 @@ def attend(spec: KernelSpec, q, k, v, blk, sliding, first, live, kv_tile, kbufs,
     slower at batch 8."""
     c, kn = spec.config, spec.knobs
     B, H, TS, T = spec.batch, c.n_heads, spec.tile, spec.block
-    K, hd, dv = cache_dims(c)
+    K, hd, dv = cache_dims(c, spec.mla)
     G, nt = H // K, n_tiles(spec)
     windowed, win = window(spec)
     gqa_t = kn.gqa_transposed  # query head h reads kv head h % K instead of h // G

@@ -143,7 +143,10 @@ def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
            Item("activations", "taps", (L if spec.want_taps else 1, R, D), "float32")]
     for kind in recurrent.kinds(c):  # the engine's fused layout of the linear-attention layers
         shapes |= {k: (0, *v) for k, v in recurrent.shapes(c, kind).items()}
-    for k in streamed_keys(c):
+    if spec.mla == "absorbed" and c.mla_layers:  # W_kvb's columns per head (engines.megakernel.mla)
+        lx, H_, rk = len(c.mla_layers), c.n_heads, c.mla_kv_rank
+        shapes |= {"mla_uk": (lx, H_, rk, c.mla_nope_dim), "mla_uv": (lx, H_, rk, c.mla_v_dim)}
+    for k in streamed_keys(c, spec.mla):
         shape = shapes[k][1:]
         out.append(Item("weights", k, (1, *shape) if len(shape) == 1 else shape, hbm_dtype(k, dtype, len(shape)),
                         spec.n_buffers))
@@ -159,7 +162,7 @@ def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
         out.append(Item("experts", k, shape, hbm_dtype(k, dtype, 1 if vector else 2), 2))
     if expert_keys(c):
         out.append(Item("activations", "chosen expert ids", (1, max(LANES, expert_slots(spec))), "int32"))
-    Kc, dkc, dvc = cache_dims(c)
+    Kc, dkc, dvc = cache_dims(c, spec.mla)
     out += [Item("kv tiles", "K tiles", (B, Kc, TS, dkc), spec.kv_dtype, 2),
             Item("kv tiles", "V tiles", (B, Kc, TS, dvc), spec.kv_dtype, 2),
             Item("activations", "attention out", (R, H * hd), "float32"),

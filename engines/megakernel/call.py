@@ -27,8 +27,8 @@ def pallas_call(spec: KernelSpec, kernel, hbm: dict, keys: tuple, table, x, pos,
     c = spec.config
     B, D, L, hd, H, nb = spec.batch, c.hidden, c.n_layers, c.head_dim, c.n_heads, spec.n_buffers
     R, T = spec.rows, spec.block  # query rows; each cache row's block tokens
-    Lkv, kvd, (Kc, dkc, dvc) = kv_layers(c), jnp.dtype(spec.kv_dtype), cache_dims(c)
-    streamed, ek, dk = streamed_keys(c), expert_keys(c, spec.experts), dense_keys(c)
+    Lkv, kvd, (Kc, dkc, dvc) = kv_layers(c), jnp.dtype(spec.kv_dtype), cache_dims(c, spec.mla)
+    streamed, ek, dk = streamed_keys(c, spec.mla), expert_keys(c, spec.experts), dense_keys(c)
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
     smem = pl.BlockSpec(memory_space=pltpu.SMEM)

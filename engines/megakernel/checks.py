@@ -9,14 +9,14 @@ from engines.base import DTYPES
 from engines.config import Config
 from engines.errors import ModelError, UnsupportedModel
 from engines.megakernel.faults import ALL_FAULTS, BY_NAME, MODEL_NEEDS
-from engines.megakernel.spec import EXPERT_FORMATS, KIND_CODES, SUPPORTED_FEATURES
+from engines.megakernel.spec import EXPERT_FORMATS, KIND_CODES, MLA_FORMS, SUPPORTED_FEATURES
 from engines.megakernel.tpu import CHIPS
 
 INTERPRET_MODES = ("generic", "tpu", "mosaic")  # mosaic: compiled by Mosaic, on a TPU only
 
 
 def check_options(c: Config, dtype: str, fault: str | None, interpret: str, kv_cache: str, experts: str,
-                  chip: str) -> None:
+                  chip: str, mla: str = "expanded") -> None:
     """A ModelError for a bad setting, UnsupportedModel for layers the kernel does not implement."""
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
@@ -46,5 +46,12 @@ def check_options(c: Config, dtype: str, fault: str | None, interpret: str, kv_c
         raise ModelError(f"--engine-option experts={experts!r}: expected one of {', '.join(EXPERT_FORMATS)}")
     if needs == "mxfp4" and experts != "mxfp4":
         raise ModelError(f"fault {fault} needs MXFP4 experts: --engine-option experts=mxfp4")
+    if mla not in MLA_FORMS:
+        raise ModelError(f"--engine-option mla={mla!r}: expected one of {', '.join(MLA_FORMS)}")
+    if mla != "expanded" and not c.mla_layers:
+        raise ModelError(f"--engine-option mla={mla} is the form of MLA layers; {c.name} has none")
+    if mla == "absorbed" and dtype == "bfloat16":  # the judge's bf16 recipe rounds as the expanded form does
+        raise ModelError("--engine-option mla=absorbed runs in float32 only: the declared bf16 recipe is the expanded "
+                         "form's, and the absorbed form rounds elsewhere (its own recipe is not built yet)")
     if chip not in CHIPS:
         raise ModelError(f"--engine-option chip={chip!r}: expected one of {', '.join(CHIPS)}")

@@ -57,34 +57,31 @@ ATTN_TILE = 128  # cache positions per online-softmax step (or all slots when fe
 BF16_RECIPE = Recipe(f32_weights=("router", "shared_gate"))
 
 
-# Static specs whose compiled programs are kept. Each costs the process memory maps for its code (CPU, interpret
-# mode: about 470 a spec on mini-llama, about 1,070 on smollm2, scratch loops over the faults); with 16 kept, the
-# float32 detection recheck passed Linux's default vm.max_map_count (65,530) at its 14th fault and LLVM aborted
-# ("Unable to allocate section memory"). Evicting a spec unmaps its code: with 6, smollm2's maps plateau at
-# 6,946-8,053 through all 17 dense faults. 6 keeps a run's faithful, faulty, bf16 and float32-build specs.
+# Static specs whose compiled programs are kept. Each costs memory maps for its code (mini-llama's generate: about
+# 630 a spec, the same with its steps read back from disk, engines.lowered); past vm.max_map_count (65,530) LLVM aborts
+# (the float32 detection recheck with 16 kept). 6 keeps a run's faithful, faulty, bf16 and float32-build specs.
 MAX_SPECS = 6
 
 
 @lru_cache(maxsize=MAX_SPECS)
-def _programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts) -> _Programs:
+def _programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts, mla) -> _Programs:
     """One _Programs per static spec, shared by every engine built with it (weights are arguments)."""
-    return _Programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts)
+    return _Programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts, mla)
 
 
 class _Programs:
-    """The engine's jitted steps and what they read: the static spec only, never the weights (arguments), so
-    every engine with the same spec shares them and a new engine does not trace the kernel again (smollm2:
-    a tiny generate + forced + score on a second engine took 6.8 s, most of it tracing)."""
+    """The engine's jitted steps and what they read: the static spec only, never the weights (arguments), so every
+    engine with the same spec shares them and a new engine does not trace the kernel again."""
 
-    def __init__(self, c, kn: Knobs, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts):
+    def __init__(self, c, kn: Knobs, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts, mla):
         self.config, self.knobs, self.fault_layer, self.n_buffers, self.chip = c, kn, fault_layer, n_buffers, chip
-        self.kv_dtype, self.experts = kv_dtype, experts
+        self.kv_dtype, self.experts, self.mla = kv_dtype, experts, mla
         self.interpret = {"generic": True, "tpu": tpu_interpret_params(), "mosaic": False}[interpret]
         self.batch_invariant = batch_invariant
         # the Pallas steps in the generic interpreter: their lowered programs kept on disk (engines.lowered)
         kernel_jit = partial(lowered.jit, package_dir=Path(__file__).parent, keep=interpret == "generic",
                              spec={"programs": repr((c, kn, fault_layer, n_buffers, batch_invariant, chip, kv_dtype,
-                                                     experts))}, static_argnames=("want_taps", "window"),
+                                                     experts, mla))}, static_argnames=("want_taps", "window"),
                              donate_argnums=(3,))
         self.final_eps = c.rms_eps if kn.final_norm_eps is None else kn.final_norm_eps  # the decode step's
         self.jitted = {
@@ -145,7 +142,7 @@ class _Programs:
         tile = min(MIN_WINDOW if self.batch_invariant else ATTN_TILE, window)
         spec = KernelSpec(self.config, batch, slots, tile, window, self.knobs.only("kernel"),
                           self.fault_layer, self.n_buffers, want_taps, self.interpret, kv_dtype=self.kv_dtype,
-                          experts=self.experts, block=block)
+                          experts=self.experts, block=block, mla=self.mla)
         return replace(spec, vmem_limit=budget(spec, dtype, self.chip).limit)
 
     def _decode_impl(self, w, ids, pos, state, want_taps=False, window=None):
@@ -169,7 +166,7 @@ class MegakernelEngine(Engine):
     max_batch = MAX_BATCH
     streams_results = True  # continuous batching (engines.stream.greedy_stream)
     faults = ALL_FAULTS
-    options = ("batch_invariant", "chip", "experts", "interpret", "kv_cache")
+    options = ("batch_invariant", "chip", "experts", "interpret", "kv_cache", "mla")
     paths = ("prefill_split", "refill", "refill_group", "shrink", "finish_mid_batch", "stop", "shared_prefix",
              "shared_prefix_unaligned", "multi_tile", "teacher_forced")
 
@@ -179,17 +176,16 @@ class MegakernelEngine(Engine):
 
     @classmethod
     def create(cls, model, options: EngineOptions) -> MegakernelEngine:
+        opt = lambda k: str(options.extra[k]) if options.extra.get(k) else None  # noqa: E731 (None: the default)
         return cls(model.weights, options.dtype, fault=options.fault,
                    batch_invariant=flag_option(options.extra, "batch_invariant"),
-                   kv_cache=str(options.extra.get("kv_cache") or "float32"),
-                   chip=str(options.extra.get("chip") or DEFAULT_CHIP),
-                   interpret=str(options.extra.get("interpret") or "generic"),
-                   experts=str(options.extra["experts"]) if options.extra.get("experts") else None)
+                   kv_cache=opt("kv_cache") or "float32", chip=opt("chip") or DEFAULT_CHIP,
+                   interpret=opt("interpret") or "generic", experts=opt("experts"), mla=opt("mla"))
 
     def __init__(self, weights: Weights, dtype: str = "float32", fault: str | None = None,
                  interpret: str = "generic", fault_layer: int | None = None, n_buffers: int = 2,
                  batch_invariant: bool = False, chip: str = DEFAULT_CHIP, kv_cache: str = "float32",
-                 experts: str | None = None, verify_fault: str | None = None):
+                 experts: str | None = None, verify_fault: str | None = None, mla: str | None = None):
         """batch_invariant: every generate() call has one shape whatever the batch (8 rows always, each
         prompt prefilled alone, a fixed attention tile, no shared prefix), so a prompt's tokens and logprobs
         are bitwise the same alone or batched (what vLLM's VLLM_BATCH_INVARIANT=1 promises); slower.
@@ -199,15 +195,18 @@ class MegakernelEngine(Engine):
         way); a float32 engine, the float32 build of a bf16 run included, keeps float32.
         experts: "mxfp4" keeps the routed experts in MXFP4 in HBM, dequantised in VMEM (engines.megakernel.mxfp4);
         None: "dense", or "mxfp4" under a fault of MXFP4's own (the fault brings the format it breaks).
+        mla: an MLA layer's form (spec.MLA_FORMS); None: "expanded", or a fault's own form.
         verify_fault: one of engines.megakernel.verify.VERIFY_FAULTS, for the speculative engine's verify step."""
-        experts = experts or ("mxfp4" if fault in ALL_FAULTS and BY_NAME[fault].needs == "mxfp4" else "dense")
-        check_options(weights.config, dtype, fault, interpret, kv_cache, experts, chip)
+        needs = BY_NAME[fault].needs if fault in ALL_FAULTS else ""
+        experts, mla = experts or ("mxfp4" if needs == "mxfp4" else "dense"), mla or (
+            "absorbed" if needs == "mla_absorbed" else "expanded")
+        check_options(weights.config, dtype, fault, interpret, kv_cache, experts, chip, mla)
         kv_cache = kv_cache if dtype == "bfloat16" else "float32"  # part of the bf16 recipe; float32 is float32
         c = self.config = weights.config
         self.name = "megakernel"
-        self.chip, self.kv_cache, self.experts = chip, kv_cache, experts
+        self.chip, self.kv_cache, self.experts, self.mla = chip, kv_cache, experts, mla
         largest = KernelSpec(c, MAX_BATCH, ATTN_TILE, MIN_WINDOW if batch_invariant else ATTN_TILE, want_taps=True,
-                             kv_dtype=kv_cache, experts=experts)
+                             kv_dtype=kv_cache, experts=experts, mla=mla)
         refused = budget(largest, dtype, chip).refusal(f"the megakernel's decode step for {c.name} in {dtype}")
         if refused:
             raise UnsupportedModel(refused)
@@ -222,7 +221,7 @@ class MegakernelEngine(Engine):
         self.n_buffers = n_buffers
         self.batch_invariant = batch_invariant
         try:
-            self.hbm = hbm_arrays(weights, dtype, experts)
+            self.hbm = hbm_arrays(weights, dtype, experts, mla, kn.mla_uk_transposed)
         except ValueError as e:  # experts=mxfp4 on weights MXFP4 cannot hold
             raise ModelError(f"--engine-option experts=mxfp4: {e}") from None
         self.embed = jnp.asarray(weights.arrays["embed"], jnp.dtype(dtype))
@@ -239,7 +238,7 @@ class MegakernelEngine(Engine):
                   "final_norm": self.final_norm, "rope": self.rope, "rope_decode": self.rope_decode}
         # the host-side faults leave every jitted program as the faithful engine's, and share it
         programs = _programs(c, kn.only("kernel"), self.fault_layer, n_buffers, interpret, batch_invariant,
-                             chip, kv_cache, experts)
+                             chip, kv_cache, experts, mla)
         self.interpret = programs.interpret  # one InterpretParams per spec, as the programs use it
         self._programs = programs
         j = programs.jitted  # the jitted steps, by name (shared per spec)
@@ -249,7 +248,7 @@ class MegakernelEngine(Engine):
         # a head fault's own head program, over the kernel programs of its kernel knobs (a head fault keyed the
         # kernel's programs too, and every one of its shapes was traced again: 54 s of CI for topk_ids_swapped)
         self._head = _programs(c, kn.only("kernel", "head"), self.fault_layer, n_buffers, interpret, batch_invariant,
-                               chip, kv_cache, experts).jitted["_head"]
+                               chip, kv_cache, experts, mla).jitted["_head"]
         self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its K/V [L, 1, K, P, hd])
         self.share_prefix = True  # False: every row prefilled in full (the benchmark's ablation)
         self._paths = PathLog()
@@ -263,7 +262,7 @@ class MegakernelEngine(Engine):
         spec = replace(self._programs._spec(batch, window, want_taps, window, self.dtype, block), interpret=False)
         sd = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)  # noqa: E731
         kv = jnp.dtype(self.kv_cache)
-        k_cache, v_cache = (jax.ShapeDtypeStruct(s, kv) for s in cache_shapes(c, batch, window))
+        k_cache, v_cache = (jax.ShapeDtypeStruct(s, kv) for s in cache_shapes(c, batch, window, self.mla))
         x = jax.ShapeDtypeStruct((batch * block, c.hidden), F32)
         pos = jax.ShapeDtypeStruct((batch * block,), jnp.int32)
         rec = tuple(jax.ShapeDtypeStruct(s, F32) for s in recurrent.state(c, batch))
@@ -287,7 +286,7 @@ class MegakernelEngine(Engine):
             "n_buffers": self.n_buffers, "interpret": str(self.interpret), "attn_tile": ATTN_TILE,
             "max_batch": MAX_BATCH, "share_prefix": self.share_prefix,
             "batch_invariant": self.batch_invariant, "chip": self.chip, "kv_cache": self.kv_cache,
-            "experts": self.experts, "verify_fault": self.verify_fault,
+            "experts": self.experts, "mla": self.mla, "verify_fault": self.verify_fault,
             "weights": self.weights_sha256})
 
     def _check(self, prompts, max_new):
@@ -342,7 +341,7 @@ class MegakernelEngine(Engine):
         """Rows src of a fresh prefill's cache (prefilled with these slots) into batch rows where."""
         if state is None:
             c = self.config
-            state = (*[jnp.zeros(s, jnp.dtype(self.kv_cache)) for s in cache_shapes(c, batch, slots)],
+            state = (*[jnp.zeros(s, jnp.dtype(self.kv_cache)) for s in cache_shapes(c, batch, slots, self.mla)],
                      *[jnp.zeros(s, F32) for s in recurrent.state(c, batch)])
         elif self.knobs.refill_shifted:  # a refill of m >= 2 rows: each gets the next prompt's cache
             m = len(np.unique(src))

@@ -59,6 +59,7 @@ class Knobs:
     conv_unshifted: bool = _knob(False, "kernel")  # GDN: the conv state not shifted by the new token
     l2_eps_outside: bool = _knob(False, "kernel")  # GDN: q and k normed by x / (sqrt(sum x^2) + eps)
     mla_scale_padded: bool = _knob(False, "kernel")  # MLA: scores scaled by the padded key width's ^-1/2
+    mla_uk_transposed: bool = _knob(False, "kernel")  # absorbed MLA: W_uk's key columns read dim-major, not head-major
     kda_gate_per_head: bool = _knob(False, "kernel")  # KDA: each head's first channel's decay for all its channels
     router_bias_in_weights: bool = _knob(False, "kernel")  # the sigmoid router's selection bias in the weights too
     latent_norm_width: int = _knob(0, "kernel")  # K3: the latent MoE's norm divides by this width (0: the true one)
@@ -205,6 +206,10 @@ CATALOGUE = tuple(Fault(*f) for f in (
      "MLA scores are scaled by the key width padded to a power of two (mini: 32^-1/2 for 24^-1/2)",
      "a kernel that pads the nope + rope key to the lane width and scales by the padded width (K3: 256^-1/2 for "
      "192^-1/2)", "mla"),
+    ("mla_uk_transposed", Knobs(mla_uk_transposed=True),
+     "absorbed MLA: each head's W_uk is taken from W_kvb's key columns read dim-major ((n h), not (h n))",
+     "the absorbed form's W_uk transposed: an einops order swapped where the key up-projection is folded into the "
+     "query (the expanded form and the prefill, which read W_kvb directly, are right)", "mla_absorbed"),
     ("router_bias_in_weights", Knobs(router_bias_in_weights=True),
      "the sigmoid router's bias, which should only select the experts, also enters their weights",
      "DeepSeek-V3 / Kimi's aux-loss-free bias added to the scores once, used for both the top-k and the gates",
@@ -248,7 +253,10 @@ MODEL_NEEDS = {"moe": ("a MoE model", lambda c: c.family == "moe"),
                                lambda c: c.family == "moe" and c.router == "sigmoid"),
                "latent": ("a latent MoE (Kimi K3)", lambda c: bool(c.moe_latent) and c.moe_latent_style == "k3"),
                "attn_res": ("attention residuals (Kimi K3)", lambda c: bool(c.attn_res_block)),
-               "mla": ("multi-head latent attention layers (Kimi Linear, K3)", lambda c: "mla" in c.layer_kinds)}
+               "mla": ("multi-head latent attention layers (Kimi Linear, K3)", lambda c: "mla" in c.layer_kinds),
+               # the fault brings the absorbed MLA form (--engine-option mla=absorbed)
+               "mla_absorbed": ("multi-head latent attention layers (Kimi Linear, K3)",
+                                lambda c: "mla" in c.layer_kinds)}
 SHOWS_WITH = {"": "any prompt", "moe": "MoE models",
               "sliding": "models with sliding-window layers, contexts past the window",
               "softcap": "models with an attention soft-cap (Gemma 2)",
@@ -259,6 +267,7 @@ SHOWS_WITH = {"": "any prompt", "moe": "MoE models",
               "router_bias": "MoE models with a sigmoid router's selection bias (DeepSeek-V3, Kimi)",
               "latent": "a latent MoE (Kimi K3)", "attn_res": "attention residuals (Kimi K3)",
               "mla": "models with multi-head latent attention layers (Kimi Linear, K3)",
+              "mla_absorbed": "models with MLA layers (the fault builds the engine with --engine-option mla=absorbed)",
               "batch": "batch > 1, rows at different positions",
               "tiles": "contexts past 128 tokens",
               "refill": "more prompts than rows, finishing at different steps (refills of two or more rows)",

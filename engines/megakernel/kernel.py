@@ -61,12 +61,12 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     c = spec.config
     B, D, L, K, hd = spec.batch, c.hidden, c.n_layers, c.n_kv_heads, c.head_dim  # B: cache rows
     R, T = spec.rows, spec.block  # query rows: each cache row's T block tokens
-    Kc, dkc, dvc = cache_dims(c)  # the KV cache's heads and widths (attention's, or MLA's expanded form)
+    Kc, dkc, dvc = cache_dims(c, spec.mla)  # the KV cache's heads and widths (attention's, or MLA's form's)
     H, TS, nb = c.n_heads, spec.tile, spec.n_buffers
     S = spec.window or spec.slots  # the cache positions read per layer (streamed through VMEM tile by tile)
     Ld, Lm = c.n_dense_layers, c.n_moe_layers
-    lk, ak, xk, dk, mk = layer_keys(c), attn_keys(c), mla_keys(c), dense_keys(c), moe_keys(c)
-    streamed, ek = streamed_keys(c), expert_keys(c, spec.experts)
+    lk, ak, xk, dk, mk = layer_keys(c), attn_keys(c), mla_keys(c, spec.mla), dense_keys(c), moe_keys(c)
+    streamed, ek = streamed_keys(c, spec.mla), expert_keys(c, spec.experts)
     rk = recurrent.kinds(c)  # the linear-attention kinds, each with its own weight and state stacks
     hybrid = len({stack(c, i) for i in range(L)}) > 1  # mixers of two kinds: each layer's chosen at run time
     n_slots = expert_slots(spec) if Lm else 0

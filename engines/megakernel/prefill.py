@@ -47,7 +47,8 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     GDN layers continuing from its state, and the cache holds prefix then suffix."""
     B, T = tokens.shape
     D, H, hd, L = c.hidden, c.n_heads, c.head_dim, c.n_layers
-    Kc, dkc, dvc = cache_dims(c)
+    form = "absorbed" if "mla_uk" in hbm else "expanded"  # an MLA model's cache form (engines.megakernel.mla)
+    Kc, dkc, dvc = cache_dims(c, form)
     P = 0 if prefix is None else prefix[0].shape[3]
     valid = jnp.arange(T)[None, :] < (jnp.full((B,), T) if lengths is None else lengths)[:, None]
     # each recurrent layer's (hist, S) stacks by kind: zeros, or the prefix's
@@ -56,7 +57,7 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     x = embed[tokens].astype(F32).reshape(B * T, D) * ops.embed_scale(c)
     pos = P + jnp.tile(jnp.arange(T, dtype=jnp.int32), B)[:, None]  # [B*T, 1]
     kv = jnp.dtype(kv_dtype)  # the cache's storage; K/V are rounded to it before they are attended
-    kc, vc = (jnp.zeros(s, kv) for s in cache_shapes(c, B, slots))
+    kc, vc = (jnp.zeros(s, kv) for s in cache_shapes(c, B, slots, form))
     if prefix is not None:
         kc = kc.at[:, :, :, :P].set(jnp.broadcast_to(prefix[0], (*kc.shape[:3], P, dkc)))
         vc = vc.at[:, :, :, :P].set(jnp.broadcast_to(prefix[1], (*vc.shape[:3], P, dvc)))
@@ -82,11 +83,13 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
             taps.append(x.reshape(B, T, D))
             continue
         sliding, a = c.kind(l) == "sliding", c.kv_layers.index(l)  # a: the layer's index in the KV cache
-        if c.kind(l) == "mla":  # the expanded per-head form: K = H heads, keys n + r wide
+        if c.kind(l) == "mla":  # the cache's form; absorbed: W_uk, W_uv from W_kvb here (the kernel's are its own)
             xw = {key: hbm[key][a] for key in mla_keys(c)}
+            if form == "absorbed":
+                xw["mla_uk"], xw["mla_uv"] = mla.absorbed_weights(c, xw["mla_kvb"])
             q, k, v = mla.project(c, xw, h)
-            q, k, v = q.reshape(B, T, Kc, dkc), k.reshape(B, T, Kc, dkc), v.reshape(B, T, Kc, dvc)
-            scale, sink = dkc ** -0.5, None
+            q, k, v = q.reshape(B, T, H, dkc), k.reshape(B, T, Kc, dkc), v.reshape(B, T, Kc, dvc)
+            scale, sink = (c.mla_nope_dim + c.mla_rope_dim) ** -0.5, None
         else:
             q, k, v = _qkv(c, hbm, rope, h, pos, a, sliding, B, T)
             scale = ((c.query_scale or hd) ** -0.5) * ops.rope_freqs(c, c.kind(l))[1]

@@ -46,9 +46,18 @@ def stack(c: Config, layer: int) -> str:
     return "attention" if c.kind(layer) in ("full", "sliding") else c.kind(layer)
 
 
-def cache_dims(c: Config) -> tuple[int, int, int]:
+# An MLA layer's decode form (--engine-option mla): "expanded", each head's key [k_nope | k_pe] and value cached;
+# "absorbed", the normed latent and k_pe cached once a token (DeepSeek's and Kimi's decode kernels), W_uk folded into
+# the query and W_uv applied after the softmax (engines.megakernel.mla)
+MLA_FORMS = ("expanded", "absorbed")
+
+
+def cache_dims(c: Config, mla: str = "expanded") -> tuple[int, int, int]:
     """(heads, key width, value width) of the KV cache: the attention layers' (K, hd, hd), or the MLA layers'
-    (H, n + r, v) in the expanded per-head form (a model has one or the other: engines.megakernel.checks)."""
+    (H, n + r, v) in the expanded per-head form and (1, rank + r, rank) in the absorbed one (a model has attention
+    or MLA layers, not both: engines.megakernel.checks)."""
+    if c.mla_layers and mla == "absorbed":  # one "head" every query head reads: keys [latent | k_pe], values the latent
+        return 1, c.mla_kv_rank + c.mla_rope_dim, c.mla_kv_rank
     if c.mla_layers:
         return c.n_heads, c.mla_nope_dim + c.mla_rope_dim, c.mla_v_dim
     return c.n_kv_heads, c.head_dim, c.head_dim
@@ -64,18 +73,19 @@ def mode_dtype(arrays: dict):
     return next(arrays[k].dtype for k in ("wo", "mla_o", "gdn_out", "kda_out") if k in arrays)
 
 
-def cache_shapes(c: Config, batch: int, slots: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def cache_shapes(c: Config, batch: int, slots: int, mla: str = "expanded") -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The K and V caches: [Lkv, B, heads, slots, key width] and [.., value width]."""
-    K, dk, dv = cache_dims(c)
+    K, dk, dv = cache_dims(c, mla)
     return (kv_layers(c), batch, K, slots, dk), (kv_layers(c), batch, K, slots, dv)
 
 
-def mla_keys(c: Config) -> tuple[str, ...]:
-    """An MLA layer's arrays ([Lx] stacks)."""
+def mla_keys(c: Config, mla: str = "expanded") -> tuple[str, ...]:
+    """An MLA layer's arrays ([Lx] stacks); the absorbed form's W_kvb as W_uk and W_uv per head."""
     if not c.mla_layers:
         return ()
     q = ("mla_qa", "mla_q_norm", "mla_qb") if c.mla_q_rank else ("mla_q",)
-    return q + ("mla_kva", "mla_kv_norm", "mla_kvb", "mla_o") + (("mla_g",) if c.mla_out_gate else ())
+    up = ("mla_uk", "mla_uv") if mla == "absorbed" else ("mla_kvb",)
+    return q + ("mla_kva", "mla_kv_norm") + up + ("mla_o",) + (("mla_g",) if c.mla_out_gate else ())
 
 # Config fields away from the Llama/DeepSeek defaults that the kernel implements (Config.features names them):
 # Qwen2's biases, Gemma 2/3's and gpt-oss's layers, Qwen3-Next's Gated DeltaNet hybrid
@@ -119,10 +129,10 @@ def expert_keys(c: Config, experts: str = "dense") -> tuple[str, ...]:
     return mats + (("e_gate_b", "e_up_b", "e_down_b") if c.expert_bias else ())
 
 
-def streamed_keys(c: Config) -> tuple[str, ...]:
+def streamed_keys(c: Config, mla: str = "expanded") -> tuple[str, ...]:
     """The per-layer weight stacks the kernel streams from HBM a layer at a time, in its order (the dense MLP
     streams in column chunks, the routed experts one by one)."""
-    return layer_keys(c) + attn_keys(c) + mla_keys(c) + recurrent_keys(c) + moe_keys(c)
+    return layer_keys(c) + attn_keys(c) + mla_keys(c, mla) + recurrent_keys(c) + moe_keys(c)
 
 
 # The dense MLP streams through VMEM in chunks of its hidden columns (gate and up columns, down rows), two chunk
@@ -157,13 +167,19 @@ def hbm_dtype(key: str, dtype: str, rank: int = 2) -> str:
     return "float32" if key in KEEP_F32 or rank == 1 else dtype
 
 
-def hbm_arrays(w, dtype: str, experts: str = "dense") -> dict:
+def hbm_arrays(w, dtype: str, experts: str = "dense", mla: str = "expanded", uk_transposed: bool = False) -> dict:
     """The kernel's HBM-resident per-layer stacks (w: engines.weights.Weights): vectors become [n, 1, X] rows; experts
-    "mxfp4": the routed experts' matrices encoded (a ValueError when MXFP4 cannot hold them exactly)."""
+    "mxfp4": the routed experts' matrices encoded (a ValueError when MXFP4 cannot hold them exactly); mla "absorbed":
+    W_uk and W_uv per head for the kernel (uk_transposed: the fault's), W_kvb kept for the XLA prefill."""
+    from engines.megakernel import mla as mla_math
     from engines.megakernel import mxfp4
 
     out = {}
     a, dt = w.arrays, jnp.dtype(dtype)
+    if w.config.mla_layers and mla == "absorbed":
+        out["mla_kvb"] = jnp.asarray(a["mla_kvb"], dt)
+        out["mla_uk"], out["mla_uv"] = (jnp.asarray(x, dt) for x in mla_math.absorbed_weights(
+            w.config, a["mla_kvb"], uk_transposed))
     for kind in recurrent.kinds(w.config):  # q|k|v (and GDN's b|a) fused, the conv taps-major, vectors as rows
         out[f"{kind}_qkv"] = jnp.asarray(np.concatenate([a[f"{kind}_{x}"] for x in "qkv"], -1), dt)
         out[f"{kind}_conv"] = jnp.asarray(a[f"{kind}_conv"].transpose(0, 2, 1), dt)
@@ -174,7 +190,7 @@ def hbm_arrays(w, dtype: str, experts: str = "dense") -> dict:
     for k in expert_keys(w.config, experts):
         if k.endswith("_q"):
             out[k], out[k[:-2] + "_s"] = (jnp.asarray(a) for a in mxfp4.encode(w.arrays[k[:-2]], k[:-2]))
-    for k in streamed_keys(w.config) + expert_keys(w.config, experts):
+    for k in streamed_keys(w.config, mla) + expert_keys(w.config, experts):
         if k in out:
             continue
         a = norm_weight(w.config, k, w.arrays[k])
@@ -230,6 +246,7 @@ class KernelSpec:
     kv_dtype: str = "float32"  # the KV cache's storage (bfloat16: half the bytes a step reads)
     experts: str = "dense"  # the routed experts' storage in HBM (EXPERT_FORMATS)
     block: int = 1  # tokens a cache row feeds in the step: 1 (decode) or T (a speculative verify: anchor + drafts)
+    mla: str = "expanded"  # an MLA layer's form (MLA_FORMS)
 
     @property
     def rows(self) -> int:
