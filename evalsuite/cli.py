@@ -192,13 +192,15 @@ def golden_update(models_) -> None:
 @click.option("--fault", default=None, help=FAULT_HELP)
 @click.option("--json", "as_json", is_flag=True)
 @remote_options
-def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model, api_key_env, api_timeout) -> None:
+@engine_option
+def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model, api_key_env, api_timeout,
+                 engine_options) -> None:
     """Compare an engine with the golden files. Exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE (not checked)."""
     from evalsuite import golden as g
     from evalsuite.report import golden_text
     from evalsuite.verdict import combine
 
-    server = dict(_server(base_url, served_model, api_key_env, api_timeout))
+    server = dict(_engine_options(engine_options) + _server(base_url, served_model, api_key_env, api_timeout))
     results = {}
     models, skipped = (list(models_), {}) if models_ else g.default_models()
     for m in models:
