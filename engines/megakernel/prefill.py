@@ -47,8 +47,7 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     GDN layers continuing from its state, and the cache holds prefix then suffix."""
     B, T = tokens.shape
     D, H, hd, L = c.hidden, c.n_heads, c.head_dim, c.n_layers
-    form = "absorbed" if "mla_uk" in hbm else "expanded"  # an MLA model's cache form (engines.megakernel.mla)
-    Kc, dkc, dvc = cache_dims(c, form)
+    Kc, dkc, dvc = cache_dims(c, form := "absorbed" if "mla_uk" in hbm else "expanded")  # an MLA model's form
     P = 0 if prefix is None else prefix[0].shape[3]
     valid = jnp.arange(T)[None, :] < (jnp.full((B,), T) if lengths is None else lengths)[:, None]
     # each recurrent layer's (hist, S) stacks by kind: zeros, or the prefix's
@@ -85,8 +84,7 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
         sliding, a = c.kind(l) == "sliding", c.kv_layers.index(l)  # a: the layer's index in the KV cache
         if c.kind(l) == "mla":  # the cache's form; absorbed: W_uk, W_uv from W_kvb here (the kernel's are its own)
             xw = {key: hbm[key][a] for key in mla_keys(c)}
-            if form == "absorbed":
-                xw["mla_uk"], xw["mla_uv"] = mla.absorbed_weights(c, xw["mla_kvb"])
+            xw |= dict(zip(("mla_uk", "mla_uv"), mla.absorbed_weights(c, xw["mla_kvb"]))) if form == "absorbed" else {}
             q, k, v = mla.project(c, xw, h)
             q, k, v = q.reshape(B, T, H, dkc), k.reshape(B, T, Kc, dkc), v.reshape(B, T, Kc, dvc)
             scale, sink = (c.mla_nope_dim + c.mla_rope_dim) ** -0.5, None
