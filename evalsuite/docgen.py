@@ -25,7 +25,7 @@ from evalsuite.doctables import (
     reference_accuracy,
 )
 from evalsuite.interop_tables import interop_capabilities, interop_commands
-from evalsuite.speed_tables import decode_figures, judge_peak_figures, spec_figures
+from evalsuite.speed_tables import decode_figures, judge_peak_figures, judge_profile_figures, spec_figures
 from evalsuite.tpu_tables import megakernel_diffs, megakernel_runs, tpu_roofline, tpu_runs, tpu_vmem
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout this module sits in (an editable install)
@@ -58,6 +58,7 @@ TABLES = (
     Table("judge-scoring", "docs/benchmarks.md", judge_scoring),
     Table("decode", "docs/benchmarks.md", decode_figures),
     Table("judge-peak", "docs/benchmarks.md", judge_peak_figures),
+    Table("judge-profile", "docs/benchmarks.md", judge_profile_figures),
     Table("speculative", "docs/speculative.md", spec_figures),
     Table("spec-faults", "docs/speculative.md", lambda root: fault_catalogue(root, "spec")),
     Table("detection-run-gsm8k", "docs/faults.md", detection_run("gsm8k")),

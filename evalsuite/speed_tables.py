@@ -97,3 +97,28 @@ def judge_peak_figures(root: Path) -> str:
             + _table(["model, run", "peak: numpy 2048^3", "jax 2048^3", "prefill 4 x 1,024", "scoring pass 2 x 1,024",
                       "decode batch 32", "LM head + top-5, batch 32", "decode batch 1, ms (x read floor)",
                       "batch 32 / batch 1 tokens/s"], rows))
+
+
+PROFILE = "benchmarks/results/judge-profile-*.json"  # python -m benchmarks.judge_profile --results ... (a file a run)
+
+
+def judge_profile_figures(root: Path) -> str:
+    """Where the judge's batch-32 decode step goes, by XLA's own per-operation trace, a row per run."""
+    files = sorted(root.glob(PROFILE))
+    if not files:
+        return _absent(PROFILE)
+    rows = []
+    for f in files:
+        r = json.loads(f.read_text("utf-8"))
+        g = r["groups"]["matmuls (YNNPACK fusions)"]
+        rows.append([f"{r['model']}, {r['measured_on']}", f"{r['peak_numpy_square_gflops']:.0f}",
+                     f"{r['step_seconds'] * 1e3:.1f}",
+                     f"{r['step_gflops']:.0f} ({r['step_gflops'] / r['peak_numpy_square_gflops']:.2f}x)",
+                     f"{r['core_utilisation']:.0%}", f"{g['share_of_busy']:.0%}",
+                     f"{r['matmul_gflops_per_busy_thread']:.0f} of {r['peak_numpy_square_gflops'] / r['cpus']:.0f}",
+                     f"{r['jax_up_projection_alone_gflops']:.0f}"])
+    return (_source(*[str(f.relative_to(root)) for f in files],
+                    how=" (`python -m benchmarks.judge_profile`, float32, batch 32, with XLA's TraceMe events)")
+            + _table(["model, run", "peak: numpy 2048^3", "step, ms", "GFLOP/s (x peak)", "cores busy",
+                      "matmuls' share of the busy time", "matmul GFLOP/s a thread (of a core's peak)",
+                      "the up projection alone, GFLOP/s"], rows))

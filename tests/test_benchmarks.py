@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -28,3 +29,18 @@ def test_judge_peak_counts_a_token_by_hand():
     per_layer = 2 * D * H * hd + 2 * 2 * D * K * hd + 2 * H * hd * D + 3 * 2 * D * F + 2 * 2 * H * hd * 10
     assert token_flops(c, 9, True) == L * per_layer + 2 * D * V
     assert token_flops(c, 9, False) == L * per_layer
+
+
+def test_judge_profile_needs_xla_events_and_groups_by_operation_name():
+    """Without XLA's TraceMe events there is nothing to group: one line and a non-zero exit, before any model loads.
+    The groups: YNNPACK's fusions are the matmuls, XLA's dots the attention's, top-k a custom call."""
+    from benchmarks.judge_profile import group_of
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    p = subprocess.run([sys.executable, "-m", "benchmarks.judge_profile"], capture_output=True, text=True, timeout=120,
+                       env=env)
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert p.stderr.strip() == "error: set XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true (XLA's per-operation events)"
+    assert group_of("ynn_fusion") == group_of("ynn_fusion.12") == "matmuls (YNNPACK fusions)"
+    assert group_of("dot.236") == "dots (attention)" and group_of("custom-call") == "top-k and argmax"
+    assert group_of("bitcast_copy_fusion.3").startswith("other")
