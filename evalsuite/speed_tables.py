@@ -73,18 +73,23 @@ def spec_figures(root: Path) -> str:
                       "`diff --engine spec`"], rows))
 
 
+def _runs(root: Path, pattern: str) -> tuple[list[Path], list[dict]]:
+    """A benchmark's runs, a file each (sorted by name), and their figures."""
+    files = sorted(root.glob(pattern))
+    return files, [json.loads(f.read_text("utf-8")) for f in files]
+
+
 PEAK = "benchmarks/results/judge-peak-*.json"  # python -m benchmarks.judge_peak --results ... (a file a run)
 
 
 def judge_peak_figures(root: Path) -> str:
     """The judge's prefill, scoring pass, batch-32 decode and LM head as shares of the matmul peak measured in the
     same run, a row per run (each run's own file)."""
-    files = sorted(root.glob(PEAK))
+    files, runs = _runs(root, PEAK)
     if not files:
         return _absent(PEAK)
     rows = []
-    for f in files:
-        r = json.loads(f.read_text("utf-8"))
+    for r in runs:
         share = lambda k, r=r: f"{r[k]['gflops']:.0f} ({r[k]['share_of_square_peak']:.2f}x)"  # noqa: E731
         b1 = r["decode_b1"]
         rows.append([f"{r['model']}, {r['measured_on']}", f"{r['peak_numpy_square_gflops']:.0f}",
@@ -104,12 +109,11 @@ PROFILE = "benchmarks/results/judge-profile-*.json"  # python -m benchmarks.judg
 
 def judge_profile_figures(root: Path) -> str:
     """Where the judge's batch-32 decode step goes, by XLA's own per-operation trace, a row per run."""
-    files = sorted(root.glob(PROFILE))
+    files, runs = _runs(root, PROFILE)
     if not files:
         return _absent(PROFILE)
     rows = []
-    for f in files:
-        r = json.loads(f.read_text("utf-8"))
+    for r in runs:
         g = r["groups"]["matmuls (YNNPACK fusions)"]
         rows.append([f"{r['model']}, {r['measured_on']}", f"{r['peak_numpy_square_gflops']:.0f}",
                      f"{r['step_seconds'] * 1e3:.1f}",
