@@ -12,6 +12,8 @@ The two are equal in exact arithmetic and round differently.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -38,15 +40,29 @@ def _heads_t(a, w, width: int):
                                                 precision=ops.precision(w.dtype)) for i in range(w.shape[0])], -1)
 
 
-def project(c: Config, w: dict, h: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def rotated_pe(k_pe: jax.Array, pos: jax.Array, theta: float, roll=jnp.roll) -> jax.Array:
+    """k_pe [N, r] rotated by position pos [N, 1] (rotate-half, base theta), as DeepSeek-V3 rotates it: the fault
+    mla_pe_rotated, in a model whose MLA is NoPE. The tables come from an iota (a kernel captures no arrays)."""
+    r = k_pe.shape[-1]
+    j = jax.lax.broadcasted_iota(jnp.int32, (1, r), 1)
+    pair = jnp.where(j < r // 2, j, j - r // 2).astype(jnp.float32)
+    freq = jnp.exp(pair * jnp.float32(-2.0 * math.log(theta) / r))
+    return ops.rope(k_pe, pos, (j < r // 2).astype(jnp.float32), freq, r // 2, roll)
+
+
+def project(c: Config, w: dict, h: jax.Array, pe_pos: jax.Array | None = None,
+            roll=jnp.roll) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Normed inputs h [N, D] -> q, k, v as the cache holds them: expanded q, k [N, H*(n+r)] and v [N, H*v]
-    (head-major); absorbed (w holds mla_uk) q [N, H*(rank + r)], k [N, rank + r] and v [N, rank]."""
+    (head-major); absorbed (w holds mla_uk) q [N, H*(rank + r)], k [N, rank + r] and v [N, rank].
+    pe_pos [N, 1] (the fault mla_pe_rotated): k_pe rotated by these positions; None: used raw, as Kimi does."""
     N, H, n, r, dv, rk = h.shape[0], c.n_heads, c.mla_nope_dim, c.mla_rope_dim, c.mla_v_dim, c.mla_kv_rank
     if c.mla_q_rank:
         q = ops.mm(ops.rmsnorm(ops.mm(h, w["mla_qa"]), w["mla_q_norm"], c.mla_norm_eps), w["mla_qb"])
     else:
         q = ops.mm(h, w["mla_q"])
     ckv = ops.mm(h, w["mla_kva"])  # [N, rk + r]: the latent, then the key part every head shares
+    if pe_pos is not None:
+        ckv = jnp.concatenate([ckv[:, :rk], rotated_pe(ckv[:, rk:], pe_pos, c.rope_theta, roll)], -1)
     latent = ops.rmsnorm(ckv[:, :rk], w["mla_kv_norm"], c.mla_norm_eps)
     if "mla_uk" in w:  # absorbed: head i's query [q_nope W_uk[i]^T | q_pe]
         parts = [q[:, i * (n + r):(i + 1) * (n + r)] for i in range(H)]

@@ -86,3 +86,21 @@ def test_bad_forms_are_one_line_errors(kimi_linear, mini_llama):
     # with no real mismatch: the declared recipe is the expanded form's. Refused until the absorbed form's is built.
     with pytest.raises(ModelError, match="^--engine-option mla=absorbed runs in float32 only"):
         MegakernelEngine(kimi_linear.weights, "bfloat16", mla="absorbed")
+
+
+def test_the_rotated_k_pe_fault(kimi_linear):
+    """mla_pe_rotated (k_pe rotated as DeepSeek-V3 does, in Kimi's NoPE MLA): the rotation is the identity at position
+    0, keeps each row's norm, and moves k_pe elsewhere; in both forms the faulted stream differs from the faithful."""
+    rng = np.random.default_rng(1)
+    k_pe = rng.standard_normal((3, 8)).astype(np.float32)
+    pos = np.asarray([[0], [5], [300]], np.int32)
+    got = np.asarray(mla.rotated_pe(k_pe, pos, kimi_linear.config.rope_theta))
+    assert np.array_equal(got[0], k_pe[0])
+    assert np.allclose(np.linalg.norm(got, axis=-1), np.linalg.norm(k_pe, axis=-1), rtol=1e-5)
+    assert not np.allclose(got[1:], k_pe[1:], atol=1e-3)
+    prompts = [[1, 2, 3, 4, 5], list(range(20, 60))]
+    for form in ("expanded", "absorbed"):
+        good = MegakernelEngine(kimi_linear.weights, mla=form).generate(prompts, 6)
+        bad = MegakernelEngine(kimi_linear.weights, fault="mla_pe_rotated", mla=form).generate(prompts, 6)
+        assert any(g.token_ids != b.token_ids or not np.allclose(g.top_logprobs, b.top_logprobs, atol=1e-3)
+                   for g, b in zip(good, bad)), form
