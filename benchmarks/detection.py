@@ -271,7 +271,7 @@ def recheck(doc: dict, out: Path, names: list[str], a, progress) -> int:
 FAMILY_MODELS = {"sliding": "mini-gemma2", "softcap": "mini-gemma2", "sinks": "mini-gptoss", "mxfp4": "mini-gptoss",
                  "recurrent": "mini-qwen-hybrid", "kda": "mini-kimi-linear",
                  "mla": "mini-kimi-linear", "mla_absorbed": "mini-kimi-linear", "router_bias": "mini-kimi",
-                 "latent": "mini-kimi", "attn_res": "mini-kimi"}
+                 "latent": "mini-kimi", "attn_res": "mini-kimi", "nope": "mini-muse"}
 
 
 def main(argv=None) -> int:

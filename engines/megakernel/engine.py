@@ -106,8 +106,9 @@ class _Programs:
 
     # ---- jitted pieces -------------------------------------------------------------------------
     def _logits(self, w, x, eps=None):
-        logits = ops.mm(ops.rmsnorm(x, w["final_norm"], self.config.rms_eps if eps is None else eps), w["head_t"])
-        return ops.softcap(logits, self.config.final_softcap)
+        c = self.config
+        logits = ops.mm(ops.rmsnorm(x, w["final_norm"], c.rms_eps if eps is None else eps), w["head_t"])
+        return ops.softcap(logits * c.logit_scale if c.logit_scale != 1.0 else logits, c.final_softcap)  # Muse's
 
     def _pick(self, logits, k, want_logits):
         z = logits - jnp.max(logits, axis=-1, keepdims=True)
@@ -148,7 +149,7 @@ class _Programs:
     def _decode_impl(self, w, ids, pos, state, want_taps=False, window=None):
         """The kernel step: hidden states after the last layer [B, D], the updated state, taps."""
         spec = self._spec(ids.shape[0], state[0].shape[3], want_taps, window, str(mode_dtype(w["hbm"])))
-        x = w["embed"][ids].astype(F32) * ops.embed_scale(self.config)
+        x = ops.embedded(self.config, w["embed"], ids)
         x, kc, vc, taps, *rec = decode_layers(spec, w["hbm"], x, pos, state[0], state[1], w["rope_decode"],
                                               tuple(state[2:]))
         return x, (kc, vc, *rec), taps
@@ -228,9 +229,9 @@ class MegakernelEngine(Engine):
         head = weights.arrays["embed"] if c.tie_embeddings else weights.arrays["lm_head"]
         self.head_t = jnp.asarray(np.ascontiguousarray(head.T), jnp.dtype(dtype))  # [D, V]
         self.final_norm = jnp.asarray(norm_weight(c, "final_norm", weights.arrays["final_norm"])[None, :], F32)
-        self.rope = rope_arrays(c)
-        # the decode step's own tables (the prefill is never faulted)
-        self.rope_decode = rope_arrays(c, kn.rope_theta_factor) if kn.rope_theta_factor != 1.0 else self.rope
+        self.rope = rope_arrays(c)  # below: the decode step's own tables (the prefill is never faulted)
+        faulted = kn.rope_theta_factor != 1.0 or kn.nope_rotated
+        self.rope_decode = rope_arrays(c, kn.rope_theta_factor, kn.nope_rotated) if faulted else self.rope
         # Weights go into the jitted functions as arguments, never as closure constants: a constant
         # is baked into every compiled shape (540 MB each for SmolLM2), which ran the machine out
         # of memory after a handful of shapes.

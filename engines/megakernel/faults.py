@@ -59,6 +59,7 @@ class Knobs:
     conv_unshifted: bool = _knob(False, "kernel")  # GDN: the conv state not shifted by the new token
     l2_eps_outside: bool = _knob(False, "kernel")  # GDN: q and k normed by x / (sqrt(sum x^2) + eps)
     mla_scale_padded: bool = _knob(False, "kernel")  # MLA: scores scaled by the padded key width's ^-1/2
+    nope_rotated: bool = _knob(False, "kernel")  # Muse: the decode step's NoPE full layers rotated (their tables')
     mla_pe_rotated: bool = _knob(False, "kernel")  # NoPE MLA (Kimi): the decode step's k_pe rotated by its position
     mla_uk_transposed: bool = _knob(False, "kernel")  # absorbed MLA: W_uk's key columns read dim-major, not head-major
     kda_gate_per_head: bool = _knob(False, "kernel")  # KDA: each head's first channel's decay for all its channels
@@ -207,6 +208,10 @@ CATALOGUE = tuple(Fault(*f) for f in (
      "MLA scores are scaled by the key width padded to a power of two (mini: 32^-1/2 for 24^-1/2)",
      "a kernel that pads the nope + rope key to the lane width and scales by the padded width (K3: 256^-1/2 for "
      "192^-1/2)", "mla"),
+    ("nope_rotated", Knobs(nope_rotated=True),
+     "Muse's NoPE full-attention layers rotate the decode step's q and k by RoPE, as its sliding layers do",
+     "a per-layer NoPE switch dropped by a kernel that applies one RoPE to every attention layer (the prefill, which "
+     "is right, wrote the prompt's keys unrotated)", "nope"),
     ("mla_pe_rotated", Knobs(mla_pe_rotated=True),
      "a NoPE MLA layer (Kimi Linear, K3) rotates the decode step's shared k_pe by its position (rotate-half, the "
      "model's RoPE base)",
@@ -259,6 +264,7 @@ MODEL_NEEDS = {"moe": ("a MoE model", lambda c: c.family == "moe"),
                                lambda c: c.family == "moe" and c.router == "sigmoid"),
                "latent": ("a latent MoE (Kimi K3)", lambda c: bool(c.moe_latent) and c.moe_latent_style == "k3"),
                "attn_res": ("attention residuals (Kimi K3)", lambda c: bool(c.attn_res_block)),
+               "nope": ("NoPE full-attention layers (Muse Spark)", lambda c: c.nope_full),
                "mla": ("multi-head latent attention layers (Kimi Linear, K3)", lambda c: "mla" in c.layer_kinds),
                # the fault brings the absorbed MLA form (--engine-option mla=absorbed)
                "mla_absorbed": ("multi-head latent attention layers (Kimi Linear, K3)",
@@ -272,6 +278,7 @@ SHOWS_WITH = {"": "any prompt", "moe": "MoE models",
               "kda": "models with Kimi Delta Attention layers (Kimi Linear, K3)",
               "router_bias": "MoE models with a sigmoid router's selection bias (DeepSeek-V3, Kimi)",
               "latent": "a latent MoE (Kimi K3)", "attn_res": "attention residuals (Kimi K3)",
+              "nope": "models with NoPE full-attention layers (Muse Spark)",
               "mla": "models with multi-head latent attention layers (Kimi Linear, K3)",
               "mla_absorbed": "models with MLA layers (the fault builds the engine with --engine-option mla=absorbed)",
               "batch": "batch > 1, rows at different positions",

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from engines.megakernel import attention, mla, mxfp4, ops, recurrent
+from engines.megakernel import attention, mla, moe, mxfp4, ops, recurrent
 from engines.megakernel.call import pallas_call
 from engines.megakernel.faults import NORM_EPS_FAULT
 from engines.megakernel.spec import (  # noqa: F401 (KernelSpec and hbm_arrays are this module's API too)
@@ -219,7 +219,9 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                     blocks[pl.ds(jax.lax.div(l, ares), 1)] = x_out[...][None]
                     x_out[...] = jnp.zeros((R, D), F32)
             x = x_out[...]
-            post = (lambda y, key: ops.rmsnorm(y, b_[key][...], eps)) if c.post_norms else (lambda y, key: y)
+
+            def add(x, y, branch):  # the residual update by branch "attn" or "mlp"'s output y
+                return ops.residual(c, x, y, branch, lambda key: b_[key][...], eps)
 
             def attention_layer():
                 q = ops.mm(h, b_["wq"][...])  # [R, H*hd]
@@ -227,9 +229,10 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 v = ops.mm(h, b_["wv"][...])
                 if c.attn_bias:  # Qwen2, gpt-oss: float32 biases on the projections, before RoPE
                     q, k, v = q + b_["bq"][...], k + b_["bk"][...], v + b_["bv"][...]
-                if c.qk_norm:
-                    q = ops.reshape(ops.rmsnorm(ops.reshape(q, R * H, hd), b_["q_norm"][...], eps), R, H * hd)
-                    k = ops.reshape(ops.rmsnorm(ops.reshape(k, R * K, hd), b_["k_norm"][...], eps), R, K * hd)
+                if c.qk_norm:  # Muse's without a weight
+                    wq_, wk_ = (b_["q_norm"][...], b_["k_norm"][...]) if c.qk_norm_weight else (None, None)
+                    q = ops.reshape(ops.rmsnorm(ops.reshape(q, R * H, hd), wq_, eps), R, H * hd)
+                    k = ops.reshape(ops.rmsnorm(ops.reshape(k, R * K, hd), wk_, eps), R, K * hd)
                 rpos = pos_v[...] + kn.rope_pos_offset  # [R, 1]
                 if kn.pos_in_weights_dtype:  # the position cast with the activations (exact in f32; bf16 to 256)
                     rpos = ops.round_to(rpos.astype(F32), b_["wq"].dtype).astype(jnp.int32)
@@ -250,7 +253,9 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 attn_buf[...] = attention.attend(spec, q, k, v, blk_v[...], sliding, first, live, kv_tile, kbufs,
                                                  vbufs, b_["sinks"][...] if c.attn_sinks else None)
                 out = attn_buf[...]
-                if c.attn_out_gate:  # Qwen3-Next: each head's output times sigmoid of its gate
+                if c.attn_out_norm:  # Muse: each head's output RMS-normed (no weight) before its gate
+                    out = ops.reshape(ops.rmsnorm(ops.reshape(out, R * H, hd), None, eps), R, H * hd)
+                if c.attn_out_gate:  # Qwen3-Next, Muse: each head's output times sigmoid of its gate
                     out = out * jax.nn.sigmoid(ops.mm(h, b_["wg"][...]))
                 if kn.wo_output_in_weights_dtype:  # no f32 output type: the product rounded to the weights' dtype
                     o = ops.round_to(ops.mm(out, b_["wo"][...]), b_["wo"].dtype)
@@ -262,7 +267,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                     o = jnp.where(jnp.sum(pos_v[...] > 0) > 1, split, o)
                 if c.o_bias:
                     o = o + b_["bo"][...]
-                x_out[...] = x + post(o, "post_attn_norm")  # Gemma: each branch normed before its residual add
+                x_out[...] = add(x, o, "attn")
 
             def mla_layer():
                 q, k, v = mla.project(c, {key: b_[key][...] for key in xk}, h,
@@ -287,7 +292,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                     run(cps, False)  # waited here: the next layer of this kind reuses the snapshot buffer
                 run(state_copy(r, a, s, True), True)  # waited for before the slot is reused (settle)
                 pending[s] = r + 1
-                x_out[...] = x + post(out, "post_attn_norm")
+                x_out[...] = add(x, out, "attn")
 
             branch(kind, ([("attention", attention_layer)] if ak else []) + ([("mla", mla_layer)] if xk else [])
                    + [(n, functools.partial(recurrent_layer, r, n)) for r, n in enumerate(rk)])
@@ -312,18 +317,14 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                         part = ops.swiglu(h, cb["gate"][...], cb["up"][...], cb["down"][...], gelu=gelu,
                                           k3=c.mlp_act == "situ")
                         y = part if y is None else y + part
-                    x_out[...] = x + jnp.where(keep, post(y, "post_mlp_norm"), 0.0)
+                    x_out[...] = jnp.where(keep, add(x, y, "mlp"), x)
 
             if Lm:
                 @pl.when(l >= Ld)
                 def _():
                     run(copies(mk, l - Ld, s), False)
-                    logits = ops.mm(h, b_["router"][...])  # [B, E]
-                    gates = ops.pick_experts(logits, b_["router_bias"][...], router=c.router,
-                                             top_k=c.top_k, norm_topk=c.norm_topk and not kn.moe_unnormalized,
-                                             scale=c.routed_scale, skip_first=kn.router_skip_first,
-                                             bias_in_weights=kn.router_bias_in_weights)
-                    x_out[...] = x + jnp.where(keep, post(routed_experts(l - Ld, h, gates, b_), "post_mlp_norm"), 0.0)
+                    gates = moe.route(c, h, lambda key: b_[key][...], kn)
+                    x_out[...] = jnp.where(keep, add(x, routed_experts(l - Ld, h, gates, b_), "mlp"), x)
 
             if kn.bf16_residual:
                 x_out[...] = ops.round_to(x_out[...], jnp.bfloat16)
@@ -348,7 +349,10 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             guarded(0, True)
             shared = ops.swiglu(h, b_["s_gate"][...], b_["s_up"][...], b_["s_down"][...], k3=c.expert_act == "situ") \
                 if c.n_shared_experts else None
-            xe = ops.mm(h, b_["latent_down"][...]) if c.moe_latent else h  # K3: the experts work in a latent
+            def get(key):
+                return b_[key][...]
+
+            xe = moe.down(c, h, get, eps)  # K3, Muse: the experts work in a latent
             if c.shared_expert_gate:  # Qwen3-Next: the shared expert times sigmoid(h . gate), one scalar a row
                 shared = shared * jax.nn.sigmoid(jnp.sum(h * b_["shared_gate"][...], axis=-1, keepdims=True))
             y = jnp.zeros(xe.shape, F32)
@@ -360,10 +364,9 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 g = jnp.sum(jnp.where(iota == e, gates, 0.0), axis=-1, keepdims=True)  # [B, 1]: gates[:, e]
                 e_ = mxfp4.dense_expert({k: r[...] for k, r in ebuf[j % 2].items()}, mode_dtype(b_),
                                         kn.mxfp4_nibbles_swapped)  # MXFP4 experts dequantised here, in VMEM
-                out = ops.expert(xe, e_, c.expert_act, c.swiglu_alpha, c.swiglu_limit)
+                out = moe.expert_out(c, ops.expert(xe, e_, c.expert_act, c.swiglu_alpha, c.swiglu_limit), get)
                 y = jnp.where(e < E, y + g * out, y)  # an unused slot's buffer is never read into y
-            if c.moe_latent:  # K3: the weighted sum normed over the latent's true width, then back up
-                y = ops.mm(ops.rmsnorm(y, b_["latent_norm"][...], eps, kn.latent_norm_width), b_["latent_up"][...])
+            y = moe.up(c, y, get, eps, kn.latent_norm_width)
             return y + shared if shared is not None else y
 
         if nb == 2:  # layers in pairs so that each one's buffer slot is static

@@ -76,11 +76,30 @@ def online_softmax_step(mla, scores, values):
                                     precision=precision(F32)))
 
 
-def rmsnorm(x: jax.Array, w: jax.Array, eps: float, width: int = 0) -> jax.Array:
-    """x [N, D] float32, w [1, D] float32; width: the mean's divisor where it is not D (the latent_norm_padded
-    fault's padded width)."""
+def rmsnorm(x: jax.Array, w: jax.Array | None, eps: float, width: int = 0) -> jax.Array:
+    """x [N, D] float32, w [1, D] float32 (None: no weight, Muse's parameter-free norms); width: the mean's divisor
+    where it is not D (the latent_norm_padded fault's padded width)."""
     ms = jnp.sum(x * x, axis=-1, keepdims=True) / width if width else jnp.mean(x * x, axis=-1, keepdims=True)
-    return x * jax.lax.rsqrt(ms + eps) * w
+    y = x * jax.lax.rsqrt(ms + eps)
+    return y if w is None else y * w
+
+
+# Muse Spark's post-norms' eps (its config's post_eps: the residual branches' and each expert's output's), its
+# gate's temperature and alpha's floor
+MUSE_POST_EPS, GATE_TEMPERATURE, ALPHA_FLOOR = 1e-8, 0.3, 1e-3
+
+
+def residual(c, x: jax.Array, y: jax.Array, branch: str, get, eps: float) -> jax.Array:
+    """The stream x [N, D] updated by branch "attn" or "mlp"'s output y; get(key) reads one of the layer's arrays.
+    Plain: x + y (Gemma: y normed by post_<branch>_norm first). Muse's gated residual: alpha x + beta rms(y w) per
+    channel (w the MLP's post-norm scale; the attention's norm has none), u = g / 0.3 with g the branch's learned
+    res_gate vector, beta = sigmoid(u), alpha = sqrt(max(sigmoid(-u) (1 + beta), 1e-3))."""
+    if not c.residual_gates:
+        return x + (rmsnorm(y, get(f"post_{branch}_norm"), eps) if c.post_norms else y)
+    u = get(f"res_gate_{branch}") / GATE_TEMPERATURE
+    beta = jax.nn.sigmoid(u)
+    alpha = jnp.sqrt(jnp.maximum(jax.nn.sigmoid(-u) * (1.0 + beta), ALPHA_FLOOR))
+    return alpha * x + beta * rmsnorm(y * get("post_mlp_norm") if branch == "mlp" else y, None, MUSE_POST_EPS)
 
 
 def rope_freqs(c, kind: str, theta_factor: float = 1.0) -> tuple[np.ndarray, float]:
@@ -238,6 +257,13 @@ def embed_scale(c) -> float:
     return float(np.float32(c.hidden ** 0.5)) if c.embed_scale else 1.0
 
 
+def embedded(c, embed: jax.Array, ids: jax.Array) -> jax.Array:
+    """The stream's start for token ids [N]: embed[ids] in float32 (Muse: RMS-normed, no weight), times
+    embed_scale."""
+    x = embed[ids].astype(F32)
+    return (rmsnorm(x, None, c.rms_eps) if c.embed_norm else x) * embed_scale(c)
+
+
 def chosen_ids(gates: jax.Array, shape: tuple[int, int], n: int) -> jax.Array:
     """The distinct experts any row chose (gates [N, E], nonzero where chosen), ascending, in the first n lanes of
     an int32 [1, lanes] vector; E in the lanes past them. By repeated masked min (no sort, no gather)."""
@@ -254,14 +280,17 @@ def chosen_ids(gates: jax.Array, shape: tuple[int, int], n: int) -> jax.Array:
 
 
 def pick_experts(logits: jax.Array, bias: jax.Array, *, router: str, top_k: int, norm_topk: bool,
-                 scale: float, skip_first: bool = False, bias_in_weights: bool = False) -> jax.Array:
+                 scale: float, skip_first: bool = False, bias_in_weights: bool = False, logit_scale: float = 1.0,
+                 eps: float = 0.0) -> jax.Array:
     """Dense gate weights [N, E] from router logits [N, E] (zero outside the chosen experts).
 
-    Chosen by repeated masked max (ties: lowest expert index). skip_first drops the best-ranked
+    Chosen by repeated masked max (ties: lowest expert index). logit_scale multiplies the logits first and eps joins
+    the renormalising sum (Muse: 2^-2.5 and 1e-15). skip_first drops the best-ranked
     expert and takes ranks 2..k+1 (the router_second_choice fault); bias_in_weights: the sigmoid router's bias,
     which selects only, also enters the weights (the router_bias_in_weights fault).
     """
     n, e = logits.shape
+    logits = logits * logit_scale if logit_scale != 1.0 else logits
     if router == "softmax":  # gpt-oss's router has a bias (Qwen's are zeros)
         logits = logits + bias
         z = logits - jnp.max(logits, axis=-1, keepdims=True)
@@ -282,7 +311,7 @@ def pick_experts(logits: jax.Array, bias: jax.Array, *, router: str, top_k: int,
         remaining = jnp.where(hit, -jnp.inf, remaining)
     w = chosen * (choice if bias_in_weights else scores)
     if norm_topk:
-        w = w / jnp.sum(w, axis=-1, keepdims=True)
+        w = w / (jnp.sum(w, axis=-1, keepdims=True) + eps)
     return w * scale
 
 

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from engines.config import Config
-from engines.megakernel import mla, mxfp4, ops, recurrent
+from engines.megakernel import mla, moe, mxfp4, ops, recurrent
 from engines.megakernel.spec import cache_dims, cache_shapes, expert_keys, mla_keys, mode_dtype, unchunked
 
 F32 = jnp.float32
@@ -53,7 +53,7 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     # each recurrent layer's (hist, S) stacks by kind: zeros, or the prefix's
     rec = [jnp.zeros(s, F32) if prefix is None else jnp.broadcast_to(prefix[2 + j], s)
            for j, s in enumerate(recurrent.state(c, B))]
-    x = embed[tokens].astype(F32).reshape(B * T, D) * ops.embed_scale(c)
+    x = ops.embedded(c, embed, tokens.reshape(-1))
     pos = P + jnp.tile(jnp.arange(T, dtype=jnp.int32), B)[:, None]  # [B*T, 1]
     kv = jnp.dtype(kv_dtype)  # the cache's storage; K/V are rounded to it before they are attended
     kc, vc = (jnp.zeros(s, kv) for s in cache_shapes(c, B, slots, form))
@@ -65,7 +65,8 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     local = causal & (kpos > qpos - c.sliding_window)  # a sliding layer's window
     gelu = c.mlp_act == "gelu_tanh"
     experts = "mxfp4" if "e_gate_q" in hbm else "dense"  # the routed experts' storage (engines.megakernel.mxfp4)
-    post = (lambda y, key, l: ops.rmsnorm(y, hbm[key][l], c.rms_eps)) if c.post_norms else (lambda y, key, l: y)
+    def add(x, y, branch, l):  # the residual update (Gemma's post-norms, Muse's gates: ops.residual)
+        return ops.residual(c, x, y, branch, lambda key: hbm[key][l], c.rms_eps)
     taps, blocks, ares = [], [], c.attn_res_block  # K3: the depth mixture's finished blocks
     for l in range(L):
         xin = ops.depth_mix(hbm["res_attn"][l], blocks, (l - 1) // ares + 1, x, c.rms_eps) if ares else x
@@ -78,7 +79,7 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
             out, hg, sg = recurrent.prefill(c, kind, {k: hbm[k][g] for k in recurrent.keys(c, kind)},
                                             h.reshape(B, T, D), rec[r][g], rec[r + 1][g], valid, c.rms_eps)
             rec[r], rec[r + 1] = rec[r].at[g].set(hg), rec[r + 1].at[g].set(sg)
-            x = _mlp(c, hbm, x + post(out.reshape(B * T, D), "post_attn_norm", l), l, experts, post, gelu, blocks)
+            x = _mlp(c, hbm, add(x, out.reshape(B * T, D), "attn", l), l, experts, add, gelu, blocks)
             taps.append(x.reshape(B, T, D))
             continue
         sliding, a = c.kind(l) == "sliding", c.kv_layers.index(l)  # a: the layer's index in the KV cache
@@ -100,14 +101,8 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
             k = jnp.concatenate([jnp.broadcast_to(pk, (B, P, *pk.shape[2:])), k], axis=1)
             v = jnp.concatenate([jnp.broadcast_to(pv, (B, P, *pv.shape[2:])), v], axis=1)
         o = _attend(c, q, k, v, local if sliding else causal, scale, sink).reshape(B * T, -1)
-        if c.kind(l) == "mla":
-            o = mla.output(c, xw, h, o)
-        else:
-            if c.attn_out_gate:  # Qwen3-Next: each head's output times sigmoid of its gate
-                o = o * jax.nn.sigmoid(ops.mm(h, hbm["wg"][a]))
-            o = ops.mm(o, hbm["wo"][a])
-            o = o + hbm["bo"][a] if c.o_bias else o
-        x = _mlp(c, hbm, x + post(o, "post_attn_norm", l), l, experts, post, gelu, blocks)
+        o = mla.output(c, xw, h, o) if c.kind(l) == "mla" else _attn_output(c, hbm, h, o, a)
+        x = _mlp(c, hbm, add(x, o, "attn", l), l, experts, add, gelu, blocks)
         taps.append(x.reshape(B, T, D))
     state = (kc, vc, *rec)
     if ares:  # the final norm reads the depth mixture over every block and the prefix
@@ -121,36 +116,51 @@ def _qkv(c: Config, hbm: dict, rope: dict, h, pos, a: int, sliding: bool, B: int
     q, k, v = ops.mm(h, hbm["wq"][a]), ops.mm(h, hbm["wk"][a]), ops.mm(h, hbm["wv"][a])
     if c.attn_bias:
         q, k, v = q + hbm["bq"][a], k + hbm["bk"][a], v + hbm["bv"][a]
-    if c.qk_norm:
-        q = ops.rmsnorm(q.reshape(-1, hd), hbm["q_norm"][a], c.rms_eps).reshape(B * T, H * hd)
-        k = ops.rmsnorm(k.reshape(-1, hd), hbm["k_norm"][a], c.rms_eps).reshape(B * T, K * hd)
+    if c.qk_norm:  # Muse's without a weight
+        wq, wk = (hbm["q_norm"][a], hbm["k_norm"][a]) if c.qk_norm_weight else (None, None)
+        q = ops.rmsnorm(q.reshape(-1, hd), wq, c.rms_eps).reshape(B * T, H * hd)
+        k = ops.rmsnorm(k.reshape(-1, hd), wk, c.rms_eps).reshape(B * T, K * hd)
     shift = ops.rope_shift(c)
     q = ops.rope(q, pos, rope["first_q"], rope["freq_q"][row:row + 1], shift).reshape(B, T, H, hd)
     k = ops.rope(k, pos, rope["first_k"], rope["freq_k"][row:row + 1], shift).reshape(B, T, K, hd)
     return q, k, v.reshape(B, T, K, hd)
 
 
-def _mlp(c: Config, hbm: dict, x, l: int, experts: str, post, gelu: bool, blocks: list):
-    """Layer l's MLP (dense or MoE) and its residual add on x [N, D] (K3: its input the depth mixture over blocks)."""
+def _attn_output(c: Config, hbm: dict, h, o, a: int):
+    """Attention layer a's heads' outputs o [N, H*hd] through W_o (h [N, D]: the layer's normed input)."""
+    if c.attn_out_norm:  # Muse: each head's output RMS-normed (no weight) before its gate
+        o = ops.rmsnorm(o.reshape(-1, c.head_dim), None, c.rms_eps).reshape(o.shape)
+    if c.attn_out_gate:  # Qwen3-Next, Muse: each head's output times sigmoid of its gate
+        o = o * jax.nn.sigmoid(ops.mm(h, hbm["wg"][a]))
+    o = ops.mm(o, hbm["wo"][a])
+    return o + hbm["bo"][a] if c.o_bias else o
+
+
+def _mlp(c: Config, hbm: dict, x, l: int, experts: str, add, gelu: bool, blocks: list):
+    """Layer l's MLP (dense or MoE) and its residual update add (prefill_hidden's) on x [N, D] (K3: its input the
+    depth mixture over blocks)."""
     ares = c.attn_res_block
     xin = ops.depth_mix(hbm["res_mlp"][l], blocks, l // ares + 1, x, c.rms_eps) if ares else x
     h = ops.rmsnorm(xin, hbm["mlp_norm"][l], c.rms_eps)
     if l < c.n_dense_layers:
-        return x + post(ops.swiglu(h, *[unchunked(hbm[k][l], k) for k in ("gate", "up", "down")], gelu=gelu,
-                                   k3=c.mlp_act == "situ"), "post_mlp_norm", l)
+        return add(x, ops.swiglu(h, *[unchunked(hbm[k][l], k) for k in ("gate", "up", "down")], gelu=gelu,
+                                 k3=c.mlp_act == "situ"), "mlp", l)
     m = l - c.n_dense_layers
-    gates = ops.pick_experts(ops.mm(h, hbm["router"][m]), hbm["router_bias"][m],
-                             router=c.router, top_k=c.top_k, norm_topk=c.norm_topk, scale=c.routed_scale)
-    xe = ops.mm(h, hbm["latent_down"][m]) if c.moe_latent else h  # K3: the experts work in a latent
+
+    def get(key):
+        return hbm[key][m]
+
+    gates = moe.route(c, h, get)
+    xe = moe.down(c, h, get, c.rms_eps)  # K3, Muse: the experts work in a latent
     y = jnp.zeros(xe.shape, F32)
     for e in range(c.n_experts):
         ex = mxfp4.dense_expert({k: hbm[k][m, e] for k in expert_keys(c, experts)}, mode_dtype(hbm))
-        y = y + gates[:, e:e + 1] * ops.expert(xe, ex, c.expert_act, c.swiglu_alpha, c.swiglu_limit)
-    if c.moe_latent:  # K3: normed over the latent's true width, then back up
-        y = ops.mm(ops.rmsnorm(y, hbm["latent_norm"][m], c.rms_eps), hbm["latent_up"][m])
+        y = y + gates[:, e:e + 1] * moe.expert_out(c, ops.expert(xe, ex, c.expert_act, c.swiglu_alpha,
+                                                                 c.swiglu_limit), get)
+    y = moe.up(c, y, get, c.rms_eps)
     if c.n_shared_experts:
         shared = ops.swiglu(h, hbm["s_gate"][m], hbm["s_up"][m], hbm["s_down"][m], k3=c.expert_act == "situ")
         if c.shared_expert_gate:  # Qwen3-Next: times sigmoid(h . gate), one scalar a token
             shared = shared * jax.nn.sigmoid(jnp.sum(h * hbm["shared_gate"][m], axis=-1, keepdims=True))
         y = y + shared
-    return x + post(y, "post_mlp_norm", l)
+    return add(x, y, "mlp", l)

@@ -17,14 +17,15 @@ from engines.megakernel.faults import Knobs
 def layer_keys(c: Config) -> tuple[str, ...]:
     """Every layer's norms ([L] stacks), streamed with its mixer's arrays."""
     return ("attn_norm", "mlp_norm") + (("post_attn_norm", "post_mlp_norm") if c.post_norms else ()) \
-        + (("res_attn", "res_mlp") if c.attn_res_block else ())  # K3: the depth mixtures' vectors
+        + (("res_attn", "res_mlp") if c.attn_res_block else ()) \
+        + (("res_gate_attn", "res_gate_mlp", "post_mlp_norm") if c.residual_gates else ())  # K3's, Muse's residuals
 
 
 def attn_keys(c: Config) -> tuple[str, ...]:
     """An attention layer's arrays ([La] stacks: Config.attn_layers), streamed together."""
     if not c.attn_layers:
         return ()
-    return (("wq", "wk", "wv", "wo") + (("q_norm", "k_norm") if c.qk_norm else ())
+    return (("wq", "wk", "wv", "wo") + (("q_norm", "k_norm") if c.qk_norm and c.qk_norm_weight else ())
             + (("bq", "bk", "bv") if c.attn_bias else ()) + (("bo",) if c.o_bias else ())
             + (("sinks",) if c.attn_sinks else ()) + (("wg",) if c.attn_out_gate else ()))
 
@@ -92,14 +93,22 @@ def mla_keys(c: Config, mla: str = "expanded") -> tuple[str, ...]:
 SUPPORTED_FEATURES = ("attn_bias", "o_bias", "layer_kinds (sliding)", "sliding_window", "rope_theta_local",
                       "rope_scaling", "norm_style", "post_norms", "mlp_act", "embed_scale", "query_scale",
                       "attn_softcap", "final_softcap", "attn_sinks", "expert_act", "expert_bias",
-                      "attn_out_gate", "rotary_dim", "shared_expert_gate", "moe_latent", "attn_res_block")
+                      "attn_out_gate", "rotary_dim", "shared_expert_gate", "moe_latent", "attn_res_block",
+                      # Muse Spark's (engines.megakernel.kernel, prefill)
+                      "nope_full", "qk_norm_weight", "attn_out_norm", "embed_norm", "final_norm_style", "logit_scale",
+                      "residual_gates", "router_logit_scale", "router_eps", "moe_latent_style")
 # RMSNorm weights: Gemma's (1 + w) is folded in as the arrays are placed (the kernel's norms then all scale by w)
 NORM_KEYS = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm", "final_norm")
+MUSE_NORM_KEYS = ("latent_norm", "expert_norm")  # Muse's latent MoE norms take the model's style too (K3's: plain)
 
 
 def norm_weight(c: Config, key: str, a):
-    """The scale a norm applies: w, or Gemma's 1 + w (float32, as the norms always are)."""
-    return a.astype("float32") + 1.0 if c.norm_style == "gemma" and key in NORM_KEYS else a
+    """The scale a norm applies: w, or Gemma's 1 + w (float32, as the norms always are); the final norm in its own
+    style where the model gives one (Muse: plain)."""
+    muse = c.moe_latent_style == "muse" and key in MUSE_NORM_KEYS
+    style = (c.final_norm_style or c.norm_style) if key == "final_norm" else \
+        c.norm_style if key in NORM_KEYS or muse else "plain"
+    return a.astype("float32") + 1.0 if style == "gemma" else a
 
 
 def dense_keys(c: Config) -> tuple[str, ...]:
@@ -112,7 +121,8 @@ def moe_keys(c: Config) -> tuple[str, ...]:
         return ()
     shared = ("s_gate", "s_up", "s_down") if c.n_shared_experts else ()
     return ("router", "router_bias") + shared + (("shared_gate",) if c.shared_expert_gate else ()) \
-        + (("latent_down", "latent_norm", "latent_up") if c.moe_latent else ())  # K3: the experts' latent
+        + (("latent_down", "latent_norm", "latent_up") if c.moe_latent else ()) \
+        + (("expert_norm",) if c.moe_latent and c.moe_latent_style == "muse" else ())  # K3's, Muse's latent
 
 
 EXPERT_FORMATS = ("dense", "mxfp4")  # the routed experts in HBM: the mode's dtype, or MXFP4 (engines.megakernel.mxfp4)
@@ -215,13 +225,16 @@ def unchunked(a, key: str):
     return a.reshape(n * r, cols) if key == "down" else a.transpose(1, 0, 2).reshape(r, n * cols)
 
 
-def rope_arrays(c: Config, theta_factor: float = 1.0) -> dict:
+def rope_arrays(c: Config, theta_factor: float = 1.0, nope_rotated: bool = False) -> dict:
     """The kernel's RoPE tables: first_q/k [1, heads*hd] and freq_q/k [2, heads*hd] (the full layers'
-    frequencies, then the sliding ones'), from engines.megakernel.ops.rope_tables."""
+    frequencies, then the sliding ones'), from engines.megakernel.ops.rope_tables. nope_rotated (the fault's): Muse's
+    NoPE full layers rotated as the sliding ones are."""
     out = {}
     for part, heads in (("q", c.n_heads), ("k", c.n_kv_heads)):
-        rows = [ops.rope_tables(c.rope_style, c.head_dim, heads, ops.rope_freqs(c, kind, theta_factor)[0],
-                                c.rotary_dim)[:2] for kind in ("full", "sliding")]
+        rows = [ops.rope_tables(c.rope_style, c.head_dim, heads, ops.rope_freqs(c, kind, theta_factor)[0]
+                                * (0.0 if c.nope_full and kind == "full" and not nope_rotated else 1.0),
+                                c.rotary_dim)[:2]
+                for kind in ("full", "sliding")]  # Muse's NoPE full layers: frequency 0, the identity rotation
         out[f"first_{part}"] = jnp.asarray(rows[0][0])
         out[f"freq_{part}"] = jnp.asarray(np.concatenate([rows[0][1], rows[1][1]]))
     return out

@@ -31,7 +31,7 @@ def kernel_block(programs, w, ids, pos, state, want_taps: bool = False, window: 
     state after the block, the snapshots ([Lg, T, B, ...] a state array; () without recurrent layers), taps."""
     B, T = ids.shape
     spec = programs._spec(B, state[0].shape[3], want_taps, window, str(mode_dtype(w["hbm"])), block=T)
-    x = w["embed"][ids.reshape(-1)].astype(F32) * ops.embed_scale(programs.config)
+    x = ops.embedded(programs.config, w["embed"], ids.reshape(-1))
     x, kc, vc, taps, *rest = decode_layers(spec, w["hbm"], x, pos.reshape(-1), state[0], state[1], w["rope_decode"],
                                            tuple(state[2:]))
     n = len(state) - 2

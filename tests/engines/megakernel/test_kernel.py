@@ -82,12 +82,18 @@ IN_CI_BF16 = ("mini-gptoss", "mini-kimi-linear")
 # shallower minis' F32_LOGIT_TOL. Its bf16 is not asserted: at 2 of 68 positions the megakernel is 1.0-2.0 from the
 # reference's recipe where that recipe is itself 7-12 from float32 (routing near-ties of the latent MoE).
 K3_F32_LOGIT_TOL = 2.5e-4
+# mini-muse (Muse Spark: NoPE full and sliding layers, gated residuals, a normed latent MoE, capped logits) in float32:
+# on these prompts the reference is up to 5.0e-4 from its own float64 math (the 140-token row) and the megakernel
+# 2.3e-4 from the reference, so the bound is twice the judge's own error, as for mini-kimi. Its bf16 is judged by
+# diff, not here: its sigmoid router at 2^-2.5 leaves 98% of positions' expert choice near-tied in bf16 (diff's
+# routing witness on the quick prompts), and one row's prefill is already 0.09 from the recipe (0.69 later on).
+MUSE_F32_LOGIT_TOL = 1e-3
 FAMILY_CASES = [pytest.param(n, d, b, marks=[] if (d == "float32" or n in IN_CI_BF16) and n != "mini-qwen-next-moe"
                              else [pytest.mark.heavy])
                 for n in ("mini-qwen2", "mini-gemma2", "mini-gemma3", "mini-gptoss", "mini-qwen-hybrid",
                           "mini-qwen-next-moe", "mini-kimi-linear")
                 for d, b in (("float32", F32_LOGIT_TOL), ("bfloat16", BF16_LOGIT_TOL))] + \
-    [pytest.param("mini-kimi", "float32", K3_F32_LOGIT_TOL)]
+    [pytest.param("mini-kimi", "float32", K3_F32_LOGIT_TOL), pytest.param("mini-muse", "float32", MUSE_F32_LOGIT_TOL)]
 
 
 @pytest.mark.parametrize("name, dtype, bound", FAMILY_CASES)
@@ -99,7 +105,9 @@ def test_family_layers_teacher_forced(name, dtype, bound):
     softmax router and clamped-GLU experts with biases; Qwen3-Next's Gated DeltaNet layers (state carried across
     the 17 kernel steps), gated attention output and partial RoPE, and its MoE variant's gated shared expert; Kimi
     Linear's KDA layers (a decay per key channel) and NoPE MLA (keys n + r wide, values v wide, in the cache's
-    expanded per-head form). Measured max |Δlogit| in f32 (bf16 against the declared recipe): mini-qwen2 5.7e-6 (0.085
+    expanded per-head form); Muse Spark's NoPE full layers beside sliding ones, parameter-free QK norms, per-head-normed
+    gated output, gated residuals, normed latent MoE and scaled, capped logits. Measured max |Δlogit| in f32 (bf16
+    against the declared recipe): mini-qwen2 5.7e-6 (0.085
     against the f32 reference), mini-qwen-hybrid 3.5e-5 (0: bitwise), mini-qwen-next-moe 2.7e-5 (0.023),
     mini-kimi-linear 9.5e-6 (0.0065); the others in the printed line."""
     from evalsuite.models import load_model
@@ -322,7 +330,7 @@ BF16_ONLY = [f for f in FAULTS if BY_NAME[f].needs.startswith("bf16")]  # one ex
 FAMILY_MINI = {"sliding": "mini-gemma2", "softcap": "mini-gemma2", "sinks": "mini-gptoss", "mxfp4": "mini-gptoss",
                "recurrent": "mini-qwen-hybrid", "kda": "mini-kimi-linear",
                "mla": "mini-kimi-linear", "mla_absorbed": "mini-kimi-linear", "router_bias": "mini-kimi",
-               "latent": "mini-kimi", "attn_res": "mini-kimi"}
+               "latent": "mini-kimi", "attn_res": "mini-kimi", "nope": "mini-muse"}
 # Gemma 2's cap is 50: a masked slot capped to -50 weighs e^-50 (2e-22) of the largest score's, nothing in float32.
 # l2_eps_outside: 1e-6 outside the root instead of inside moves mini-qwen-hybrid's logits by 6.8e-5 at most (its q
 # and k have sums of squares far above 1e-6), twice the faithful kernel's own 3.5e-5 against the reference: under
