@@ -13,9 +13,8 @@ and optional ones: score_topk(prompts, continuations, k), forced_topk's records 
 What an engine lacks is reported by the checks as "not checked", never branched around.
 
 Engines are found by entry point (group `evalsuite.engines`, value `module:Class`); the class's
-`create(model, options)` builds one and its `faults` lists the fault names it accepts. The three
-built-in engines are declared the same way in pyproject.toml. evalsuite never imports an engine's
-internals.
+`create(model, options)` builds one and its `faults` lists the fault names it accepts. The built-in
+engines are declared the same way in pyproject.toml. evalsuite never imports an engine's internals.
 """
 
 from __future__ import annotations
@@ -368,6 +367,11 @@ class Engine(abc.ABC):
         """Figures the engine measured about itself since it was built, for result files and reports (a speculative
         engine: its acceptance length and rates); {} where it has none. Reported, never judged."""
         return {}
+
+    def self_checks(self) -> list[dict]:
+        """Checks the engine ran on itself since it was built (the megakernel in TPU interpret mode: the race
+        detector), each {"name", "ok", "detail"}; [] where it runs none. A check not ok FAILs a diff."""
+        return []
 
     def score(self, seqs: Sequence[Sequence[int]], want_taps: bool = False) -> list[Scored]:
         raise ModelError(f"engine {self.name} offers no full-vocabulary logits")

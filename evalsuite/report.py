@@ -13,9 +13,7 @@ def strict(obj):
         return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
     if isinstance(obj, dict):
         return {k: strict(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [strict(v) for v in obj]
-    return obj
+    return [strict(v) for v in obj] if isinstance(obj, (list, tuple)) else obj
 
 
 def dumps(obj, **kw) -> str:
@@ -291,6 +289,8 @@ def _parts_lines(r: dict) -> list[str]:
         out.append(f"engine paths: {coverage.text(r['paths'])}")
     if (r.get("engine_stats") or {}).get("speculation"):
         out.append(speculation.text(r["engine_stats"]["speculation"]))
+    out += [f"engine self-check, {c['name']}: {'ok' if c['ok'] else 'FAILED'} ({c['detail']})"
+            for c in r.get("engine_self_checks") or []]
     rc = r.get("bf16_recipe")
     if rc and rc.get("checked"):
         f = rc["first_over"]

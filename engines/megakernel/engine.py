@@ -44,7 +44,7 @@ from engines.megakernel.faults import ALL_FAULTS, BY_NAME, FAULTS, Knobs, knobs,
 from engines.megakernel.kernel import KernelSpec, decode_layers, hbm_arrays
 from engines.megakernel.prefill import prefill_hidden
 from engines.megakernel.spec import cache_shapes, mode_dtype, norm_weight, rope_arrays
-from engines.megakernel.tpu import DEFAULT_CHIP, lower, races_found, tpu_interpret_params
+from engines.megakernel.tpu import DEFAULT_CHIP, lower, race_checks, races_found, tpu_interpret_params
 from engines.megakernel.verify import VERIFY_FAULTS, kernel_block
 from engines.weights import Weights
 
@@ -219,8 +219,7 @@ class MegakernelEngine(Engine):
         self.verify_fault = verify_fault
         self.recipe = replace(BF16_RECIPE, kv_cache=kv_cache) if dtype == "bfloat16" else None
         self.fault_layer = c.n_layers // 2 if fault_layer is None else fault_layer
-        self.n_buffers = n_buffers
-        self.batch_invariant = batch_invariant
+        self.n_buffers, self.batch_invariant = n_buffers, batch_invariant
         try:
             self.hbm = hbm_arrays(weights, dtype, experts, mla, kn.mla_uk_transposed)
         except ValueError as e:  # experts=mxfp4 on weights MXFP4 cannot hold
@@ -232,16 +231,14 @@ class MegakernelEngine(Engine):
         self.rope = rope_arrays(c)  # below: the decode step's own tables (the prefill is never faulted)
         faulted = kn.rope_theta_factor != 1.0 or kn.nope_rotated
         self.rope_decode = rope_arrays(c, kn.rope_theta_factor, kn.nope_rotated) if faulted else self.rope
-        # Weights go into the jitted functions as arguments, never as closure constants: a constant
-        # is baked into every compiled shape (540 MB each for SmolLM2), which ran the machine out
-        # of memory after a handful of shapes.
+        # Weights go into the jitted functions as arguments, never as closure constants: a constant is baked into
+        # every compiled shape (540 MB each for SmolLM2), which ran the machine out of memory after a few shapes.
         self.w = {"hbm": self.hbm, "embed": self.embed, "head_t": self.head_t,
                   "final_norm": self.final_norm, "rope": self.rope, "rope_decode": self.rope_decode}
         # the host-side faults leave every jitted program as the faithful engine's, and share it
         programs = _programs(c, kn.only("kernel"), self.fault_layer, n_buffers, interpret, batch_invariant,
                              chip, kv_cache, experts, mla)
-        self.interpret = programs.interpret  # one InterpretParams per spec, as the programs use it
-        self._programs = programs
+        self.interpret, self._programs = programs.interpret, programs  # one InterpretParams per spec, as it uses
         j = programs.jitted  # the jitted steps, by name (shared per spec)
         self._prefill, self._extend, self._prefix_kv = j["_prefill"], j["_extend"], j["_prefix_kv"]
         self._score = j["_score"]
@@ -273,6 +270,9 @@ class MegakernelEngine(Engine):
 
     def path_log(self) -> PathLog:
         return self._paths
+
+    def self_checks(self) -> list[dict]:
+        return race_checks(self.interpret)
 
     def compiled_decode_shapes(self) -> int:
         """How many decode-kernel programs (one per rows, slots, window, taps) this engine's spec has compiled."""

@@ -58,6 +58,17 @@ def races_found() -> bool:
     return bool(ipc.races is not None and ipc.races.races_found)
 
 
+def race_checks(interpret) -> list[dict]:
+    """The race detector's finding, as the engine's self-check (engines.base.Engine.self_checks), when the kernel
+    runs in TPU interpret mode with it on; [] in the other modes, where nothing checks for races."""
+    if not (isinstance(interpret, pltpu.InterpretParams) and interpret.detect_races):
+        return []
+    found = races_found()
+    return [{"name": "race detector (TPU interpret mode)", "ok": not found,
+             "detail": "a DMA race was flagged in a kernel step this process ran" if found else
+             "no DMA race in any kernel step this process ran (DMAs executed eagerly, happens-before tracked)"}]
+
+
 @dataclass(frozen=True)
 class Lowered:
     """One program lowered for TPU: its Mosaic kernels (by name) and what each asks for."""

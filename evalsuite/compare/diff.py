@@ -11,9 +11,10 @@ The parts, in order (docs/verdicts.md, "What a PASS covers"):
    recipe (recipe_check.py), routing near-ties on MoE models (routing.py), the engine's float32 build on the
    fixed batches (build.py).
 5. At the first real mismatch, bisection in the failing context, then alone (bisect.py).
-6. Batch invariance and determinism (invariance.py); `--require batch-invariance` makes it a condition.
-Verdict: FAIL on any real mismatch (either part), bf16 drift, logit scale or recipe, non-determinism, a required
-invariance broken or a float32 build that FAILs; INCONCLUSIVE when something a PASS needs was not shown; else PASS.
+6. Batch invariance and determinism (invariance.py); `--require batch-invariance` makes it a condition; and the
+   engine's checks on itself (Engine.self_checks: the megakernel's race detector in TPU interpret mode).
+Verdict: FAIL on a real mismatch (either part), bf16 drift, logit scale or recipe, non-determinism, a required
+invariance broken, a self-check or float32 build failed; INCONCLUSIVE when a PASS's need was not shown; else PASS.
 """
 
 from __future__ import annotations
@@ -80,8 +81,7 @@ class DiffSpec:
             raise SpecError(f"--batch must be in [1, 8], got {self.batch}")
         if self.noise_tol is not None and not self.noise_tol > 0:
             raise SpecError(f"--noise-tol must be > 0, got {self.noise_tol}")
-        unknown = [r for r in self.require if r not in REQUIRABLE]
-        if unknown:
+        if unknown := [r for r in self.require if r not in REQUIRABLE]:
             raise SpecError(f"--require {unknown[0]!r}: expected one of {', '.join(REQUIRABLE)}")
 
 
@@ -241,8 +241,7 @@ def _main_group(run: _Run, idx: list[int]) -> None:
 
 def _texts(tok, fdv: dict | None) -> None:
     if fdv is not None and fdv.get("engine_token") is not None and tok is not None:
-        fdv["reference_text"] = tok.decode([fdv["reference_token"]])
-        fdv["engine_text"] = tok.decode([fdv["engine_token"]])
+        fdv |= {f"{who}_text": tok.decode([fdv[f"{who}_token"]]) for who in ("reference", "engine")}
 
 
 def _batching_part(run: _Run, progress: Callable[[str], None]) -> dict:
@@ -338,7 +337,8 @@ def _verdict(run: _Run, part: dict, paths: dict, own: dict | None, t0: float,
     real = sum(len(r["real_positions"]) for r in per_prompt)
     batched_real = part.get("real_mismatches", 0)
     benign = sum(len(r["benign_positions"]) for r in per_prompt)
-    failed = real > 0 or batched_real > 0 or not measured["deterministic"] \
+    own_checks = run.eng.self_checks()  # what the engine checked on itself (the megakernel's race detector)
+    failed = real > 0 or batched_real > 0 or not measured["deterministic"] or not all(s["ok"] for s in own_checks) \
         or (drift["checked"] and not drift["ok"]) or (scale["checked"] and not scale["ok"]) \
         or (strict is not None and not strict["ok"]) or (own is not None and own.get("ok") is False)
     unchecked_drift = spec.dtype != "float32" and not drift["checked"]
@@ -349,7 +349,7 @@ def _verdict(run: _Run, part: dict, paths: dict, own: dict | None, t0: float,
            "conditioning_witness": witness.summary(run.witnessed, spec.dtype),
            "checks_not_possible": run.checks_not_possible, "not_checked": run.not_checked,
            "engine_capabilities": caps.report(), "batching": part, "paths": paths, "engine_stats": run.eng.run_stats(),
-           "bisection": bisection,
+           "engine_self_checks": own_checks, "bisection": bisection,
            "batch_invariance": measured, "batch_invariance_required": strict, "per_prompt": per_prompt,
            "seed": None, "seed_note": "greedy decoding: no random choice is made",
            "versions": versions(), "spec": asdict(spec),
