@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.make_prompts import make
+from engines import compile_cache
 from engines.megakernel import MegakernelEngine
 from engines.megakernel.faults import CATALOGUE, MODEL_NEEDS
 from engines.reference import ReferenceEngine
@@ -128,6 +129,8 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress, only_
                                   else all(v is not None for v in first.values())):
             break
         ids = [p for _, p in prompts[c:c + CHUNK]]
+        if compile_cache.relieve_maps():  # a deep model's many shapes would exhaust the process's memory maps
+            progress("memory maps past half of vm.max_map_count: jax's in-memory programs dropped")
         judge.ensure(c + len(ids))
         progress(f"{fault or 'faithful'} {dtype}: prompts {c + 1}-{c + len(ids)}")
         egen = eng.generate(ids, N, top_k=5)
@@ -187,6 +190,7 @@ def _diff_parts(judge: Judge, eng, prompts, taken: int, orders, detail: dict, pr
     RECIPE_AT), as diff runs them: `taken` when either FAILs."""
     N, model, hit = judge.N, judge.model, False
     if taken in BATCHING_AT:
+        compile_cache.relieve_maps()  # the part compiles many shapes of its own (batch, window and prefill buckets)
         tol = rule.Tolerances.for_dtype(judge.dtype)
         part = batching.run(eng, [p for _, p in prompts[:taken]], [i for i, _ in prompts[:taken]],
                             [g.token_ids for g in judge.ref[:taken]], [g.track() for g in judge.ref[:taken]],

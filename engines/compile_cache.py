@@ -51,3 +51,28 @@ def enable() -> str | None:
     if os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS") is None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
     return str(path)
+
+
+# A process's memory maps at which relieve_maps drops jax's in-memory programs: half of the kernel's
+# vm.max_map_count (65,530 here), past which LLVM fails to map new code ("Cannot allocate memory", then a crash). Each
+# compiled program holds maps for its code: mini-kimi's faithful detection row reached 41,517 after 16 prompts and
+# crashed in its 32-prompt batching part; jax.clear_caches() took a 13,980-map process back to 671 (/tmp/maps.py).
+MAPS_SHARE = 0.5
+
+
+def relieve_maps(share: float = MAPS_SHARE) -> bool:
+    """Drop every program jax holds in memory (jax.clear_caches) when this process's memory maps pass `share` of
+    vm.max_map_count; later calls recompile, or read the persistent cache. For long runs that compile many shapes
+    (a benchmark's loop over chunks). True when it cleared; False where /proc does not tell."""
+    import jax
+
+    try:
+        limit = int(Path("/proc/sys/vm/max_map_count").read_text())
+        with open("/proc/self/maps") as f:
+            used = sum(1 for _ in f)
+    except (OSError, ValueError):
+        return False
+    if used <= share * limit:
+        return False
+    jax.clear_caches()
+    return True
