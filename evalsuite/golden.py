@@ -266,8 +266,10 @@ def check(model_name: str, engine_name: str = JUDGE, dtype: str = "float32", fau
                # batching paths (refill, shrink, stop, shared prefix) are said, not judged (`diff` drives them)
                "scope": SCOPE, "paths": coverage.report(eng),
                **({"routing": {k: v for k, v in routing.items() if k != "tied"}} if routing else {}),
-               **({"bf16_drift": drift, "bf16_logit_scale": scale} if drift else {})}
-    problems = _problems(summary, mismatches, drift, scale, regen)
+               **({"bf16_drift": drift, "bf16_logit_scale": scale} if drift else {}),
+               "engine_self_checks": eng.self_checks()}  # the megakernel's race detector in TPU interpret mode
+    problems = _problems(summary, mismatches, drift, scale, regen) + [
+        f"engine self-check failed: {c['name']} ({c['detail']})" for c in summary["engine_self_checks"] if not c["ok"]]
     return GoldenResult(model=model_name, ok=not problems, problems=tuple(problems), summary=summary,
                         not_checked=tuple(_not_checked(caps, drift, scale, routing)))
 

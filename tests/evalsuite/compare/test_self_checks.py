@@ -64,3 +64,13 @@ def test_a_clean_tpu_interpret_run_passes():
     r = run_diff(DiffSpec(engine="megakernel", model="mini-llama", prompts="quick", max_new_tokens=8,
                           engine_options=(("interpret", "tpu"),)))
     assert r.verdict == "PASS" and [(c["name"], c["ok"]) for c in r.details["engine_self_checks"]] == [(RACE, True)]
+
+
+def test_golden_check_fails_on_a_failed_self_check(monkeypatch):
+    from evalsuite import golden
+
+    failed = [{"name": "a sanitizer", "ok": False, "detail": "injected by the test"}]
+    monkeypatch.setattr(MegakernelEngine, "self_checks", lambda self: failed)
+    r = golden.check("mini-llama", "megakernel")
+    assert r.verdict == "FAIL" and r.summary["mismatching_positions"] == 0
+    assert r.problems == ("engine self-check failed: a sanitizer (injected by the test)",)

@@ -1,0 +1,100 @@
+"""The seed families' MINI models through the megakernel (issue 42's acceptance matrix): `evalsuite diff` and
+`evalsuite golden check` on each model, in float32 and bfloat16, in the generic interpreter and in TPU interpret
+mode (DMAs executed eagerly, the race detector on: a race FAILs both commands).
+
+    .venv/bin/python -m benchmarks.seed_minis --out benchmarks/results/seed-minis.json [--jobs 4]
+
+A benchmark, not a test: each run is its own CLI process (as a user runs it), several at once with --jobs; the JSON
+holds each run's verdict and headline figures, and is rewritten after every run (--resume keeps the finished ones).
+`python -m evalsuite.docgen` turns it into docs/megakernel.md's table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from evalsuite.versions import commit, versions
+
+# one MINI per seed family: Kimi K3 (KDA, NoPE MLA with its gate, latent MoE, attention residuals), Qwen3.8's Gated
+# DeltaNet hybrid, Muse Spark (NoPE and sliding layers, gated residuals, its latent MoE); and Kimi Linear (KDA + MLA)
+MODELS = ("mini-kimi", "mini-qwen-hybrid", "mini-muse", "mini-kimi-linear")
+DTYPES = ("float32", "bfloat16")
+MODES = ("generic", "tpu")
+COMMANDS = ("diff", "golden")
+# 12 quick prompts x 32 tokens: 384 teacher-forced positions, past the 256 that bf16's drift check needs
+MAX_NEW_TOKENS = 32
+
+
+def argv(command: str, model: str, dtype: str, mode: str) -> list[str]:
+    opts = ["--engine", "megakernel", "--dtype", dtype, "--engine-option", f"interpret={mode}", "--json"]
+    if command == "diff":
+        return ["diff", "--model", model, "--prompts", "quick", "--max-new-tokens", str(MAX_NEW_TOKENS), *opts]
+    return ["golden", "check", "--model", model, *opts]
+
+
+def headline(command: str, r: dict) -> dict:
+    """The figures a row shows, from the command's JSON."""
+    if command == "diff":
+        return {"verdict": r["verdict"], "positions": r["positions"], "real": r["real_mismatches"],
+                "identical": r["prompts_identical"], "prompts": r["prompts"],
+                "max_dlogprob": (r.get("summary") or {}).get("max_dlogprob", {}).get("max"),
+                "not_checked": r["not_checked"], "self_checks": r.get("engine_self_checks", [])}
+    res = next(iter(r["models"].values()))  # one model a run
+    s = res.get("summary") or {}
+    return {"verdict": res["verdict"], "positions": s.get("positions"), "real": s.get("mismatching_positions"),
+            "max_dlogprob": s.get("max_dlogprob"), "not_checked": res.get("not_checked", []),
+            "problems": res.get("problems", []), "self_checks": s.get("engine_self_checks", [])}
+
+
+def run_one(key: tuple[str, str, str, str]) -> dict:
+    command, model, dtype, mode = key
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-m", "evalsuite.cli", *argv(command, model, dtype, mode)],
+                       capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    row = {"command": command, "model": model, "dtype": dtype, "interpret": mode, "exit": p.returncode,
+           "seconds": round(time.time() - t0, 1)}
+    try:
+        return row | headline(command, json.loads(p.stdout))
+    except (json.JSONDecodeError, KeyError, IndexError):
+        tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        return row | {"verdict": "ERROR", "error": tail}
+
+
+def main(argv_: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="the seed MINI models through the megakernel: diff and golden check")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once (each a CLI process)")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--dtypes", default=",".join(DTYPES))
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--resume", action="store_true", help="keep the rows already in --out and run the others")
+    a = ap.parse_args(argv_)
+    out = Path(a.out)
+    rows = json.loads(out.read_text())["rows"] if a.resume and out.exists() else []
+    done = {(r["command"], r["model"], r["dtype"], r["interpret"]) for r in rows if r["verdict"] != "ERROR"}
+    rows = [r for r in rows if r["verdict"] != "ERROR"]
+    keys = [k for k in itertools.product(COMMANDS, a.models.split(","), a.dtypes.split(","), a.modes.split(","))
+            if k not in done]
+    head = {"benchmark": "seed-minis", "command": "python -m benchmarks.seed_minis " + " ".join(argv_ or sys.argv[1:]),
+            "max_new_tokens": MAX_NEW_TOKENS, "prompt_set": "quick", "commit": commit(Path(__file__).parent), "versions": versions()}
+    with ThreadPoolExecutor(max(1, a.jobs)) as pool:
+        for done_ in as_completed([pool.submit(run_one, k) for k in keys]):
+            row = done_.result()
+            rows.append(row)
+            print(f"{row['command']} {row['model']} {row['dtype']} {row['interpret']}: {row['verdict']} "
+                  f"({row['seconds']} s)", flush=True)
+            out.write_text(json.dumps(head | {"rows": rows}, indent=1) + "\n")
+    bad = [r for r in rows if r["verdict"] != "PASS"]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
