@@ -84,7 +84,8 @@ def main(argv_: list[str] | None = None) -> int:
     keys = [k for k in itertools.product(COMMANDS, a.models.split(","), a.dtypes.split(","), a.modes.split(","))
             if k not in done]
     head = {"benchmark": "seed-minis", "command": "python -m benchmarks.seed_minis " + " ".join(argv_ or sys.argv[1:]),
-            "max_new_tokens": MAX_NEW_TOKENS, "prompt_set": "quick", "commit": commit(Path(__file__).parent), "versions": versions()}
+            "max_new_tokens": MAX_NEW_TOKENS, "prompt_set": "quick", "commit": commit(Path(__file__).parent),
+            "versions": versions()}
     with ThreadPoolExecutor(max(1, a.jobs)) as pool:
         for done_ in as_completed([pool.submit(run_one, k) for k in keys]):
             row = done_.result()
