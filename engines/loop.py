@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engines import compile_cache
 from engines.base import Forced, Generation, PathLog, call_groups, next_bucket, next_pow2
 
 MIN_PREFILL_BUCKET = 16  # prefill lengths round up to powers of two from here: few compilations
@@ -234,6 +235,7 @@ def greedy_all(steps: Steps, prompts: Sequence[Sequence[int]], max_new: int, sto
                              invariant, log)
     out: list[Generation] = []
     for idx in batches([len(p) - P for p in prompts], max_rows):
+        compile_cache.relieve_maps()  # a long run of many shapes: its programs' memory maps kept under the limit
         gens = greedy_batch(steps, [prompts[i] for i in idx], max_new, stop, k, want_logits, P, stop_check, log)
         out.extend(gens)
         for i, g in zip(idx, gens):
@@ -248,6 +250,7 @@ def forced_all(steps: Steps, prompts: Sequence[Sequence[int]], continuations: Se
     decode, and shrink where a context several rows share is prefilled once)."""
     out: list[np.ndarray] = []
     for idx in batches([len(p) for p in prompts], max_rows):
+        compile_cache.relieve_maps()
         out.extend(forced_batch(steps, [prompts[i] for i in idx], [continuations[i] for i in idx], log))
     return out
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from engines import compile_cache
 from engines.base import Generation, PathLog, next_pow2
 from engines.loop import REFILL_SHARE, Steps, _log_finished, _log_prefix, batches, pad, stream_slots
 
@@ -131,6 +132,7 @@ def greedy_stream(steps: Steps, prompts: Sequence[Sequence[int]], max_new: int, 
     while True:
         free = sum(r is None for r in st.slot_row)
         if st.pending and (free == st.B or free * REFILL_SHARE >= st.B):
+            compile_cache.relieve_maps()  # a long run of many shapes: its programs' memory maps kept under the limit
             st.admit()
         live = [s for s in range(st.B) if st.slot_row[s] is not None]
         if not live:

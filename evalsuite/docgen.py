@@ -26,7 +26,7 @@ from evalsuite.doctables import (
 )
 from evalsuite.interop_tables import interop_capabilities, interop_commands
 from evalsuite.speed_tables import decode_figures, judge_peak_figures, judge_profile_figures, spec_figures
-from evalsuite.tpu_tables import megakernel_diffs, megakernel_runs, tpu_roofline, tpu_runs, tpu_vmem
+from evalsuite.tpu_tables import megakernel_diffs, megakernel_runs, seed_minis, tpu_roofline, tpu_runs, tpu_vmem
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout this module sits in (an editable install)
 BLOCK = re.compile(r"<!-- generated: (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- /generated -->", re.S)
@@ -68,6 +68,7 @@ TABLES = (
     Table("tpu-roofline", "docs/tpu.md", tpu_roofline),
     Table("tpu-vmem", "docs/tpu.md", tpu_vmem),
     Table("megakernel-diffs", "docs/tpu.md", megakernel_diffs),
+    Table("seed-minis", "docs/megakernel.md", seed_minis),
     Table("megakernel-runs", "docs/tpu.md", megakernel_runs),
 )
 

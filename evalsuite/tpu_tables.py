@@ -143,3 +143,36 @@ def _tpu_diffs(diffs: dict) -> str:
             "against the reference's plain greedy decoding):\n\n"
             + _table(["model, dtype", "verdict", "positions", "real mismatches", "identical", "max abs. logprob diff.",
                       "not checked"], rows))
+
+
+SEED_MINIS = "benchmarks/results/seed-minis.json"
+
+
+def seed_minis(root: Path) -> str:
+    """The seed MINIs through the megakernel (benchmarks/seed_minis.py): diff and golden check per model, dtype and
+    interpret mode, with the race detector's word in TPU interpret mode."""
+    doc = _load(root, SEED_MINIS)
+    if doc is None:
+        return _absent(SEED_MINIS)
+    models = list(dict.fromkeys(r["model"] for r in doc["rows"]))
+    order = {k: n for n, k in enumerate((m, d, i) for m in models for d in ("float32", "bfloat16")
+                                        for i in ("generic", "tpu"))}
+    cells: dict[tuple, dict] = {}
+    for r in doc["rows"]:
+        cells.setdefault((r["model"], r["dtype"], r["interpret"]), {})[r["command"]] = r
+
+    def cell(r: dict | None) -> str:
+        if r is None:
+            return "not run"
+        races = [c for c in r.get("self_checks") or [] if c["name"].startswith("race")]
+        race = "" if not races else ", no race" if races[0]["ok"] else ", RACE"
+        figures = f"{r.get('real', '-')}/{r.get('positions', '-')}, {_sci(r.get('max_dlogprob'))}"
+        return f"**{r['verdict']}** ({figures}{race})"
+
+    rows = [[m, d, i, cell(c.get("diff")), cell(c.get("golden"))]
+            for (m, d, i), c in sorted(cells.items(), key=lambda kv: order.get(kv[0], 0))]
+    how = ", ".join(f"{dt}: `--prompts {p} --max-new-tokens {n}`" for dt, (p, n) in doc["diff_settings"].items())
+    return (_source(SEED_MINIS, how=f" (`python -m benchmarks.seed_minis`; diff {how})")
+            + "Each cell: verdict (real mismatches / positions, max |Δlogprob|; in TPU interpret mode the race "
+              "detector's finding).\n\n"
+            + _table(["model", "dtype", "interpret", "diff", "golden check"], rows))

@@ -26,3 +26,19 @@ def test_programs_are_dropped_only_past_the_share():
     assert f._cache_size() == 1
     assert _maps() > 0 and compile_cache.relieve_maps(share=0.0)  # past a zero share: dropped
     assert f._cache_size() == 0
+
+
+def test_every_generation_loop_offers_the_relief(mini_llama, monkeypatch):
+    """The engines' shared loops (continuous batching, fixed batches, teacher-forced) call relieve_maps at each
+    admission, so no long run of any engine compiles past the limit between two checks of its maps."""
+    from engines.megakernel import MegakernelEngine
+    from engines.reference import ReferenceEngine
+
+    calls = []
+    monkeypatch.setattr(compile_cache, "relieve_maps", lambda *a, **k: calls.append(1) or False)
+    prompts = [[5, 6, 7], [8, 9, 10, 11]]
+    for eng in (MegakernelEngine(mini_llama.weights), ReferenceEngine(mini_llama.weights)):
+        before = len(calls)
+        eng.generate(prompts, 2)
+        eng.forced_topk(prompts, [[1, 2], [3, 4]], 2)
+        assert len(calls) >= before + 2, type(eng).__name__
