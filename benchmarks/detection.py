@@ -43,7 +43,7 @@ from engines.megakernel.faults import CATALOGUE, MODEL_NEEDS
 from engines.reference import ReferenceEngine
 from evalsuite.compare import batching, peers, recipe_check, rule
 from evalsuite.compare.routing import routing_margins, routing_ties
-from evalsuite.compare.witness import Flagged, OrderSpread, with_witness
+from evalsuite.compare.witness import Flagged, OrderSpread, SecondLook, with_witness
 from evalsuite.models import load_model
 from evalsuite.plugins import judge as judge_engine
 from evalsuite.prompts import Prompt
@@ -171,7 +171,7 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress, only_
                     first[r] = n
         taken = c + len(ids)
         if first["evalsuite"] is None:
-            first["evalsuite"] = _diff_parts(judge, eng, prompts, taken, orders, detail, progress)
+            first["evalsuite"] = _diff_parts(judge, eng, prompts, taken, orders, detail, progress, witnessed)
         if dtype != "float32" and first["evalsuite"] is None:
             d = rule.drift_check(drift_e, drift_r, dtype)
             sc = rule.scale_check([u for u, _ in slopes], [v for _, v in slopes], dtype)
@@ -185,9 +185,11 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress, only_
             "seconds": round(time.time() - t0, 1), **detail}
 
 
-def _diff_parts(judge: Judge, eng, prompts, taken: int, orders, detail: dict, progress) -> int | None:
+def _diff_parts(judge: Judge, eng, prompts, taken: int, orders, detail: dict, progress,
+                witnessed: list) -> int | None:
     """diff's batching part over the first `taken` prompts (at BATCHING_AT) and, in bf16, its recipe check (at
-    RECIPE_AT), as diff runs them: `taken` when either FAILs."""
+    RECIPE_AT), as diff runs them: `taken` when either FAILs. As in diff, a prompt the batching part flags is judged
+    again by the conditioning witness (witness.SecondLook)."""
     N, model, hit = judge.N, judge.model, False
     if taken in BATCHING_AT:
         compile_cache.relieve_maps()  # the part compiles many shapes of its own (batch, window and prefill buckets)
@@ -195,8 +197,13 @@ def _diff_parts(judge: Judge, eng, prompts, taken: int, orders, detail: dict, pr
         part = batching.run(eng, [p for _, p in prompts[:taken]], [i for i, _ in prompts[:taken]],
                             [g.token_ids for g in judge.ref[:taken]], [g.track() for g in judge.ref[:taken]],
                             [None] * taken, N, model.tokenizer.eos_ids, tol, progress=progress,
-                            reference=judge.engine, max_context=model.config.max_context)
+                            reference=judge.engine, max_context=model.config.max_context,
+                            second_look=SecondLook(judge.engine, judge.own_recipe(eng) if judge.dtype != "float32"
+                                                   else None, orders, tol, witnessed, judge.moved))
         detail.setdefault("batching", {})[taken] = part["real_mismatches"]
+        flagged = {r["id"]: r["real_positions"] for r in part["per_prompt"] if r["real_positions"]}
+        if flagged:
+            detail.setdefault("batching_flagged", {})[taken] = flagged
         hit = part["real_mismatches"] > 0
     if judge.dtype != "float32" and taken == RECIPE_AT and not hit:
         own = recipe_check.check(eng, model, prompts[:taken], [g.token_ids for g in judge.ref[:taken]],
