@@ -85,13 +85,15 @@ def main(argv_: list[str] | None = None) -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--commands", default=",".join(COMMANDS), help="diff, golden, or both (in this order)")
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --out and run the others")
     a = ap.parse_args(argv_)
     out = Path(a.out)
     rows = json.loads(out.read_text())["rows"] if a.resume and out.exists() else []
     rows = [r for r in rows if r["verdict"] != "ERROR" and r.get("argv") == argv(*key(r))]  # same settings only
     done = {key(r) for r in rows}
-    keys = [k for k in itertools.product(COMMANDS, a.models.split(","), a.dtypes.split(","), a.modes.split(","))
+    keys = [k for k in itertools.product(a.commands.split(","), a.models.split(","), a.dtypes.split(","),
+                                         a.modes.split(","))
             if k not in done]
     head = {"benchmark": "seed-minis", "command": "python -m benchmarks.seed_minis " + " ".join(argv_ or sys.argv[1:]),
             "diff_settings": DIFF_SETTINGS, "commit": commit(Path(__file__).parent),
