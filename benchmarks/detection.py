@@ -330,8 +330,6 @@ def main(argv=None) -> int:
         print(f"error: unknown fault(s) {', '.join(unknown)}", file=sys.stderr)
         return 2
     needs = {f.name: f.needs for f in CATALOGUE}
-    if a.dtype == "bfloat16":  # the absorbed MLA form (its fault's) runs in float32 only (engines.megakernel.checks)
-        names = [n for n in names if needs[n] != "mla_absorbed"]
     progress = lambda s: print(f"[{time.strftime('%H:%M:%S')}] {s}", file=sys.stderr, flush=True)  # noqa: E731
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -51,9 +51,8 @@ def top_k(logprobs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     x = np.asarray(logprobs)
     rows = x.reshape(-1, x.shape[-1])
     k = min(k, rows.shape[-1])
-    if k == 1:
-        ids = rows.argmax(-1)[:, None]
-    else:
+    ids = rows.argmax(-1)[:, None] if k == 1 else None
+    if k > 1:
         kth = -np.partition(-rows, k - 1, axis=-1)[:, k - 1:k]  # the k-th largest value per row
         ids = np.empty((len(rows), k), np.int64)
         for r, row in enumerate(rows):  # candidates (ties at the k-th value included), by value then id
@@ -130,12 +129,9 @@ class Forced:
 
 @dataclass
 class Generation:
-    """Greedy continuation of one prompt.
-
-    token_ids: generated ids (a stop id, when hit, is included and ends the list).
-    top_ids, top_logprobs [N, k]: the k most likely ids at each generated position and their
-    log-softmax values of the float32 logits, most likely first. logits [N, V] when asked for.
-    """
+    """Greedy continuation of one prompt. token_ids: generated ids (a stop id, when hit, is included and ends the
+    list). top_ids, top_logprobs [N, k]: the k most likely ids at each generated position and their log-softmax
+    values of the float32 logits, most likely first. logits [N, V] when asked for."""
 
     prompt_ids: list[int]
     token_ids: list[int]
@@ -247,16 +243,19 @@ class Recipe:
     f32_weights: tuple[str, ...] = ()  # weight arrays kept float32 besides norms and biases (e.g. "router")
     kv_cache: str = "float32"  # what a written K/V slot is rounded to
     residual: str = "float32"  # what the residual stream is rounded to after each add
+    # MLA layers: "expanded" (per-head keys and values cached, formed from the latent rounded for W_kvb) or
+    # "absorbed" (the latent cached; q_nope rounded for W_uk, the softmax's mixture of latents for W_uv)
+    mla: str = "expanded"
 
     def __post_init__(self):
-        for name in ("kv_cache", "residual"):
-            if getattr(self, name) not in DTYPES:
-                raise ValueError(f"Recipe.{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
+        for name, allowed in (("kv_cache", DTYPES), ("residual", DTYPES), ("mla", ("expanded", "absorbed"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"Recipe.{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
     def describe(self) -> dict:
-        return {"weights_and_matmul_inputs": "bfloat16", "accumulation": "float32",
-                "f32_weights": ["norms", "biases", *self.f32_weights], "kv_cache": self.kv_cache,
-                "residual": self.residual}
+        return {"weights_and_matmul_inputs": "bfloat16", "accumulation": "float32", "kv_cache": self.kv_cache,
+                "f32_weights": ["norms", "biases", *self.f32_weights], "residual": self.residual,
+                **({"mla": self.mla} if self.mla != "expanded" else {})}
 
 
 @dataclass(frozen=True)

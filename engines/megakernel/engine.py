@@ -217,7 +217,7 @@ class MegakernelEngine(Engine):
         if verify_fault is not None:
             self.knobs = kn = replace(kn, **VERIFY_FAULTS[verify_fault][0].set())
         self.verify_fault = verify_fault
-        self.recipe = replace(BF16_RECIPE, kv_cache=kv_cache) if dtype == "bfloat16" else None
+        self.recipe = replace(BF16_RECIPE, kv_cache=kv_cache, mla=mla) if dtype == "bfloat16" else None
         self.fault_layer = c.n_layers // 2 if fault_layer is None else fault_layer
         self.n_buffers, self.batch_invariant = n_buffers, batch_invariant
         try:

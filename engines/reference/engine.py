@@ -160,7 +160,7 @@ class ReferenceEngine(PrefillScoring, Engine):
     def _score_impl(c, r, mesh, p, tokens, want_taps):
         B, T = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        kc, vc = model.empty_cache(c, B, T)
+        kc, vc = model.empty_cache(c, B, T, mla_form=r.mla if r else "expanded")
         logits, _, _, extra = model.forward(p, c, tokens, positions, kc, vc, want_taps, fresh=True, recipe=r)
         taps, routing = extra if want_taps else (None, None)
         return (sharding.replicate(logits, mesh), sharding.replicate(taps, mesh),
@@ -314,7 +314,7 @@ class ReferenceEngine(PrefillScoring, Engine):
     @staticmethod
     def _float64_impl(c, r, p, tokens):
         T = tokens.shape[1]
-        kc, vc = model.empty_cache(c, 1, T, jnp.float64)
+        kc, vc = model.empty_cache(c, 1, T, jnp.float64, r.mla if r else "expanded")
         return model.forward(p, c, tokens, jnp.arange(T, dtype=jnp.int32)[None], kc, vc, fresh=True, recipe=r)[0]
 
     def step_taps(self, prompts: Sequence[Sequence[int]], next_ids: Sequence[int], decoded: int = 0) -> np.ndarray:
@@ -373,7 +373,8 @@ class ReferenceEngine(PrefillScoring, Engine):
 
     def new_cache(self, batch: int, slots: int) -> tuple[list, list]:
         """Empty K and V caches: per layer [batch, K, slots, hd] (a GDN layer: its zero state, model.empty_cache)."""
-        kc, vc = model.empty_cache(self.config, batch, slots, jnp.float32)
+        kc, vc = model.empty_cache(self.config, batch, slots, jnp.float32, self.recipe.mla if self.recipe else
+                                   "expanded")
         if self.mesh is None:
             return kc, vc
         def put(x):

@@ -57,6 +57,39 @@ def mla_layer(h, p: dict, i: int, c: Config, positions, rows, kc, vc, kv_round, 
     return matmul(out, p["mla_o"][i]), kc, vc
 
 
+def absorbed_dims(c: Config) -> tuple[int, int, int]:
+    """The absorbed form's cache: one "head" every query head reads, keys [latent | k_pe], values the latent."""
+    return 1, c.mla_kv_rank + c.mla_rope_dim, c.mla_kv_rank
+
+
+def mla_layer_absorbed(h, p: dict, i: int, c: Config, positions, rows, kc, vc, kv_round, attend, matmul, rms_norm,
+                       rotate=None):
+    """mla_layer over the absorbed form's cache (absorbed_dims), rounding where that form's decode kernels do: the
+    bf16 recipe of an engine that declares it (engines.base.Recipe.mla). Each head's query is [q_nope W_uk^T |
+    q_pe] (q_nope rounded for W_uk), attention is grouped over the one latent head, and each head's mixture of
+    latents is rounded for its W_uv; in float32 it is mla_layer in another order. Same returns as mla_layer."""
+    B, T, _ = h.shape
+    H, n, dv, rk = c.n_heads, c.mla_nope_dim, c.mla_v_dim, c.mla_kv_rank
+    q, latent, k_pe = _project(h, p, i, c, matmul, rms_norm)
+    q_nope, q_pe = q[..., :n], q[..., n:]
+    if c.mla_rope:
+        q_pe, k_pe = rotate(q_pe), rotate(k_pe[:, :, None, :])[:, :, 0]
+    w = p["mla_kvb"][i].reshape(rk, H, n + dv)
+    f32 = jnp.float32
+    q_lat = jnp.einsum("bthn,rhn->bthr", q_nope.astype(w.dtype).astype(f32), w[..., :n].astype(f32),
+                       precision=jax.lax.Precision.HIGHEST)
+    k = kv_round(jnp.concatenate([latent, k_pe], axis=-1))[:, :, None, :]  # [B, T, 1, rank + rope]
+    v = kv_round(latent)[:, :, None, :]
+    kc = kc.at[rows, :, positions].set(k.astype(kc.dtype))
+    vc = vc.at[rows, :, positions].set(v.astype(vc.dtype))
+    ctx = attend(jnp.concatenate([q_lat, q_pe], axis=-1), k, v, kc, vc, score_scale(c)).reshape(B, T, H, rk)
+    out = jnp.einsum("bthr,rhv->bthv", ctx.astype(w.dtype).astype(f32), w[..., n:].astype(f32),
+                     precision=jax.lax.Precision.HIGHEST).reshape(B, T, H * dv)
+    if c.mla_out_gate:
+        out = out * jax.nn.sigmoid(matmul(h, p["mla_g"][i]))
+    return matmul(out, p["mla_o"][i]), kc, vc
+
+
 def mla_absorbed(h, p: dict, i: int, c: Config, positions, matmul, rms_norm, rotate=None):
     """The same layer in the absorbed form, over this call's T tokens from position 0 (a fresh prefill): what an
     engine caches is the normed latent and k_pe ([B, T, rank + rope], one per token, not per head), the key's

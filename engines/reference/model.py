@@ -230,9 +230,10 @@ def route(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -> jax.Ar
     return jnp.einsum("...k,...ke->...e", w, one_hot)
 
 
-def empty_cache(c: Config, batch: int, slots: int, dtype=None) -> tuple[list, list]:
+def empty_cache(c: Config, batch: int, slots: int, dtype=None, mla_form: str = "expanded") -> tuple[list, list]:
     """Per layer: zero K and V [batch, K, slots, hd] for an attention layer; for a Gated DeltaNet layer its
-    recurrent state instead (the conv's inputs in the K list, the delta-rule memory in the V list: gdn.py)."""
+    recurrent state instead (the conv's inputs in the K list, the delta-rule memory in the V list: gdn.py); an MLA
+    layer in the absorbed form (a declared recipe's) holds one latent "head" (mla.absorbed_dims)."""
     dtype = dtype or f32
     ks, vs = [], []
     for i in range(c.n_layers):
@@ -241,7 +242,7 @@ def empty_cache(c: Config, batch: int, slots: int, dtype=None) -> tuple[list, li
         elif c.kind(i) == "kda":
             conv, S = kda.empty_state(c, batch, dtype)
         else:
-            H, dk, dv = c.cache_dims(i)
+            H, dk, dv = mla.absorbed_dims(c) if c.kind(i) == "mla" and mla_form == "absorbed" else c.cache_dims(i)
             conv, S = jnp.zeros((batch, H, slots, dk), dtype), jnp.zeros((batch, H, slots, dv), dtype)
         ks.append(conv)
         vs.append(S)
@@ -304,8 +305,9 @@ def _mixer(h, p: dict, c: Config, layer: int, kc, vc, ctx: dict):
         def rotate(x):
             return apply_rope(x, *ctx["mla_rope"], c.rope_style)
 
-        return mla.mla_layer(h, p, c.mla_layers.index(layer), c, positions, ctx["rows"], kc, vc,
-                             lambda x: recipe_round(x, ctx["kv_dt"]), attend, matmul, rms_norm, rotate)
+        form = mla.mla_layer_absorbed if ctx["mla_form"] == "absorbed" else mla.mla_layer  # a declared recipe's
+        return form(h, p, c.mla_layers.index(layer), c, positions, ctx["rows"], kc, vc,
+                    lambda x: recipe_round(x, ctx["kv_dt"]), attend, matmul, rms_norm, rotate)
     return _attention_layer(h, p, c.attn_layers.index(layer), c, ctx["ropes"][kind], positions, ctx["rows"], kc, vc,
                             ctx["kv_dt"], fresh)
 
@@ -340,6 +342,7 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
     ctx = dict(positions=positions, fresh=fresh, rows=jnp.arange(B)[:, None],  # rows: [B, 1] for the cache scatter
                lengths=jnp.full((B,), T, jnp.int32) if lengths is None else lengths,
                kv_dt=recipe.kv_cache if recipe is not None else "float32",
+               mla_form=recipe.mla if recipe is not None else "expanded",
                ropes={kind: rope_cos_sin(positions, c.rope_dim, *rope.inv_freq(c, kind))
                       for kind in {c.kind(i) for i in c.attn_layers}},
                mla_rope=rope_cos_sin(positions, c.mla_rope_dim, c.rope_theta) if c.mla_rope else None)

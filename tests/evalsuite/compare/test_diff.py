@@ -82,7 +82,7 @@ IN_CI = {("bfloat16", "bf16_residual"), ("bfloat16", "final_norm_eps"), ("bfloat
 FAMILY_MINI = {"sliding": "mini-gemma2", "softcap": "mini-gemma2", "sinks": "mini-gptoss", "mxfp4": "mini-gptoss",
                "recurrent": "mini-qwen-hybrid", "kda": "mini-kimi-linear",
                "mla": "mini-kimi-linear", "mla_absorbed": "mini-kimi-linear", "router_bias": "mini-kimi",
-               "latent": "mini-kimi", "attn_res": "mini-kimi"}
+               "latent": "mini-kimi", "attn_res": "mini-kimi", "nope": "mini-muse"}
 # l2_eps_outside moves mini-qwen-hybrid's logits by 6.8e-5 at most, under the float32 noise (test_kernel's BENIGN)
 BENIGN = {"softcap_after_mask", "l2_eps_outside"}
 BF16_ONLY = {f for f in FAULTS if BY_NAME[f].needs.startswith("bf16")}  # a no-op in float32 (test_kernel)
@@ -99,8 +99,7 @@ def _catalogue_case(dtype: str, fault: str):
 
 
 @pytest.mark.parametrize("dtype, fault", [_catalogue_case(d, f) for d in ("float32", "bfloat16") for f in FAULTS
-                                          if (d == "bfloat16" or f not in BF16_ONLY)
-                                          and not (d == "bfloat16" and BY_NAME[f].needs == "mla_absorbed")])
+                                          if (d == "bfloat16" or f not in BF16_ONLY)])
 def test_every_fault_fails_in_both_dtypes_on_the_minis(mini_llama, fault, dtype):
     needs = BY_NAME[fault].needs
     model = FAMILY_MINI.get(needs) or ("mini-moe" if needs == "moe" or fault == "norm_eps" else "mini-llama")
