@@ -172,15 +172,18 @@ def _judges(entries: dict, want_ids: list[str]) -> list[Forced]:
     return judges
 
 
-def _bf16_checks(model, caps, prompts, conts, judges, forced, recs, tol) -> tuple[dict, dict, dict | None]:
-    """`diff`'s run-wide bf16 checks along the golden tokens, each measured against the reference's own bf16
-    recipe: drift (a precision bug under the per-position bounds moves every position), logit scale (a systematic
+def _bf16_checks(model, caps, prompts, conts, judges, forced, recs, tol,
+                 declared=None) -> tuple[dict, dict, dict | None]:
+    """`diff`'s run-wide bf16 checks along the golden tokens, each measured against the reference in the engine's
+    declared bf16 recipe (its default where the engine declares none; the default's bf16 router made a correct
+    engine with a float32 router FAIL mini-muse's golden file, where the engine equals its declared recipe bitwise):
+    drift (a precision bug under the per-position bounds moves every position), logit scale (a systematic
     error under the drift bound: it let final_norm_eps PASS mini-llama's golden file), and on MoE models the
     routing near-ties, not judged (without it the reference's own bf16 recipe failed mini-moe's and mini-gptoss's
     golden files at 3/264 positions each)."""
     from evalsuite.plugins import judge
 
-    recipe = judge(model, "bfloat16")
+    recipe = judge(model, "bfloat16", recipe=declared)
     own = recipe.forced_topk(prompts, conts, TOP_K, want_logits=caps.logits)
     own_recs = [compare_prompt(c, jd, o, None, tol) for c, jd, o in zip(conts, judges, own)]
     drift = rule.drift_check([r.drift for r in recs], [r.drift for r in own_recs], "bfloat16")
@@ -249,7 +252,7 @@ def check(model_name: str, engine_name: str = JUDGE, dtype: str = "float32", fau
     forced = eng.forced_topk(prompts, conts, TOP_K, want_logits=caps.logits)
     judges = _judges(entries, want_ids)
     recs = [compare_prompt(c, jd, got, None, tol) for c, jd, got in zip(conts, judges, forced)]
-    drift, scale, routing = (_bf16_checks(model, caps, prompts, conts, judges, forced, recs, tol)
+    drift, scale, routing = (_bf16_checks(model, caps, prompts, conts, judges, forced, recs, tol, eng.recipe)
                              if dtype == "bfloat16" else (None, None, None))
     dlp = [v for rec in recs for v in rec["tf"]["dlogprob"]]
     mismatches = [(i, j) for i, rec in zip(want_ids, recs) for j in rec["real_positions"]]
