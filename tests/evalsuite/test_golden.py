@@ -98,10 +98,17 @@ def test_bf16_golden_check_has_the_drift_check_of_diff(monkeypatch):
     own bf16 recipe's (rule.drift_check): PASS on the faithful megakernel (ratio measured 0.99), and
     INCONCLUSIVE, naming the drift check, when too few positions are compared. Its FAIL: a router bug on
     mini-moe (test_routing) and bf16_residual on smollm2-135m (heavy, below)."""
+    from engines.megakernel.engine import BF16_RECIPE
+    from evalsuite import plugins
     from evalsuite.compare import rule
 
+    asked, real_judge = [], plugins.judge
+    monkeypatch.setattr(plugins, "judge", lambda *a, **k: asked.append(k.get("recipe")) or real_judge(*a, **k))
     ok = golden.check("mini-llama", "megakernel", dtype="bfloat16")
     assert ok.verdict == "PASS", (ok.problems, ok.not_checked)
+    # measured against the engine's declared recipe (its float32 router), not the reference's default (bf16 router)
+    assert BF16_RECIPE in asked
+    monkeypatch.setattr(plugins, "judge", real_judge)
     assert ok.summary["bf16_logit_scale"]["checked"] and ok.summary["bf16_logit_scale"]["ok"]
     d = ok.summary["bf16_drift"]
     assert d["checked"] and d["positions"] == ok.summary["positions"] and d["ratio"] <= rule.DRIFT_RATIO
