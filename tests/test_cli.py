@@ -115,8 +115,8 @@ def test_wider_family_minis_generate_and_the_megakernel_refuses_them():
     # every mini generates in-process in test_golden (goldens); here one through the CLI
     p = run("generate", "--model", "mini-gemma3", "--prompt", "ab", "--max-new-tokens", "4", "--no-stop")
     assert p.returncode == 0, p.stderr
-    assert_one_line_error(run("generate", "--engine", "megakernel", "--model", "mini-muse"),
-                          "megakernel does not implement", "residual_gates", "(model mini-muse)")
+    assert_one_line_error(run("generate", "--engine", "megakernel", "--model", "mini-deepseek-mla"),
+                          "megakernel does not implement", "mla_rope", "(model mini-deepseek-mla)")
 
 
 def test_real_models_not_installed_or_unknown_are_one_line_errors(tmp_path):
