@@ -62,6 +62,38 @@ def absorbed_dims(c: Config) -> tuple[int, int, int]:
     return 1, c.mla_kv_rank + c.mla_rope_dim, c.mla_kv_rank
 
 
+def _absorbed_query(h, p: dict, i: int, c: Config, matmul, rms_norm, rotate, rounded, precision):
+    """Both absorbed forms' start: each head's q_nope W_uk^T [B, T, H, rank] (q_nope through `rounded` first, W_uk in
+    its result's dtype), q_pe, the normed latent, k_pe (both rotated under Config.mla_rope) and W_kvb per head
+    [rank, H, nope + v]."""
+    n, rk = c.mla_nope_dim, c.mla_kv_rank
+    q, latent, k_pe = _project(h, p, i, c, matmul, rms_norm)
+    q_nope, q_pe = q[..., :n], q[..., n:]
+    if c.mla_rope:
+        q_pe, k_pe = rotate(q_pe), rotate(k_pe[:, :, None, :])[:, :, 0]
+    w = p["mla_kvb"][i].reshape(rk, c.n_heads, n + c.mla_v_dim)
+    rq = rounded(q_nope, w)
+    q_lat = jnp.einsum("bthn,rhn->bthr", rq, w[..., :n].astype(rq.dtype), precision=precision)
+    return q_lat, q_pe, latent, k_pe, w
+
+
+def _absorbed_out(ctx, w, h, p: dict, i: int, c: Config, matmul, rounded, precision):
+    """Both absorbed forms' end: each head's mixture of latents [B, T, H, rank] (through `rounded`) through W_uv (in
+    its dtype), the K3 gate, Wo: [B, T, D]."""
+    B, T = ctx.shape[:2]
+    rc = rounded(ctx, w)
+    out = jnp.einsum("bthr,rhv->bthv", rc, w[..., c.mla_nope_dim:].astype(rc.dtype),
+                     precision=precision).reshape(B, T, c.n_heads * c.mla_v_dim)
+    if c.mla_out_gate:
+        out = out * jax.nn.sigmoid(matmul(h, p["mla_g"][i]))
+    return matmul(out, p["mla_o"][i])
+
+
+def _for_weights(x, w):
+    """x rounded to the weights' dtype, then float32: what an absorbed bf16 decode kernel feeds its matmuls."""
+    return x.astype(w.dtype).astype(jnp.float32)
+
+
 def mla_layer_absorbed(h, p: dict, i: int, c: Config, positions, rows, kc, vc, kv_round, attend, matmul, rms_norm,
                        rotate=None):
     """mla_layer over the absorbed form's cache (absorbed_dims), rounding where that form's decode kernels do: the
@@ -69,25 +101,14 @@ def mla_layer_absorbed(h, p: dict, i: int, c: Config, positions, rows, kc, vc, k
     q_pe] (q_nope rounded for W_uk), attention is grouped over the one latent head, and each head's mixture of
     latents is rounded for its W_uv; in float32 it is mla_layer in another order. Same returns as mla_layer."""
     B, T, _ = h.shape
-    H, n, dv, rk = c.n_heads, c.mla_nope_dim, c.mla_v_dim, c.mla_kv_rank
-    q, latent, k_pe = _project(h, p, i, c, matmul, rms_norm)
-    q_nope, q_pe = q[..., :n], q[..., n:]
-    if c.mla_rope:
-        q_pe, k_pe = rotate(q_pe), rotate(k_pe[:, :, None, :])[:, :, 0]
-    w = p["mla_kvb"][i].reshape(rk, H, n + dv)
-    f32 = jnp.float32
-    q_lat = jnp.einsum("bthn,rhn->bthr", q_nope.astype(w.dtype).astype(f32), w[..., :n].astype(f32),
-                       precision=jax.lax.Precision.HIGHEST)
+    hi = jax.lax.Precision.HIGHEST
+    q_lat, q_pe, latent, k_pe, w = _absorbed_query(h, p, i, c, matmul, rms_norm, rotate, _for_weights, hi)
     k = kv_round(jnp.concatenate([latent, k_pe], axis=-1))[:, :, None, :]  # [B, T, 1, rank + rope]
     v = kv_round(latent)[:, :, None, :]
     kc = kc.at[rows, :, positions].set(k.astype(kc.dtype))
     vc = vc.at[rows, :, positions].set(v.astype(vc.dtype))
-    ctx = attend(jnp.concatenate([q_lat, q_pe], axis=-1), k, v, kc, vc, score_scale(c)).reshape(B, T, H, rk)
-    out = jnp.einsum("bthr,rhv->bthv", ctx.astype(w.dtype).astype(f32), w[..., n:].astype(f32),
-                     precision=jax.lax.Precision.HIGHEST).reshape(B, T, H * dv)
-    if c.mla_out_gate:
-        out = out * jax.nn.sigmoid(matmul(h, p["mla_g"][i]))
-    return matmul(out, p["mla_o"][i]), kc, vc
+    ctx = attend(jnp.concatenate([q_lat, q_pe], axis=-1), k, v, kc, vc, score_scale(c))
+    return _absorbed_out(ctx.reshape(B, T, c.n_heads, c.mla_kv_rank), w, h, p, i, c, matmul, _for_weights, hi), kc, vc
 
 
 def mla_absorbed(h, p: dict, i: int, c: Config, positions, matmul, rms_norm, rotate=None):
@@ -96,19 +117,12 @@ def mla_absorbed(h, p: dict, i: int, c: Config, positions, matmul, rms_norm, rot
     up-projection folded into the query (q_nope W_uk^T) and the value's applied after the softmax (W_uv). Equal to
     mla_layer in exact arithmetic; its rounding differs (no expanded K/V is ever formed), which
     tests/engines/reference/test_kimi.py measures. Returns [B, T, D]."""
-    B, T, _ = h.shape
-    H, n, dv, rk = c.n_heads, c.mla_nope_dim, c.mla_v_dim, c.mla_kv_rank
-    q, latent, k_pe = _project(h, p, i, c, matmul, rms_norm)
-    q_nope, q_pe = q[..., :n], q[..., n:]
-    if c.mla_rope:
-        q_pe, k_pe = rotate(q_pe), rotate(k_pe[:, :, None, :])[:, :, 0]
-    w = p["mla_kvb"][i].reshape(rk, H, n + dv)
-    q_lat = jnp.einsum("bthn,rhn->bthr", q_nope, w[..., :n].astype(q.dtype))  # the key's up-projection, absorbed
+    def same(x, w):  # nothing rounded: the weights go to the activations' dtype
+        return x
+
+    q_lat, q_pe, latent, k_pe, w = _absorbed_query(h, p, i, c, matmul, rms_norm, rotate, same, None)
     scores = (jnp.einsum("bthr,bsr->bhts", q_lat, latent) + jnp.einsum("bthp,bsp->bhts", q_pe, k_pe)) * score_scale(c)
     visible = positions[:, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S]: s <= t
     probs = jax.nn.softmax(jnp.where(visible, scores, -jnp.inf), axis=-1)
     ctx = jnp.einsum("bhts,bsr->bthr", probs, latent)
-    out = jnp.einsum("bthr,rhv->bthv", ctx, w[..., n:].astype(q.dtype)).reshape(B, T, H * dv)
-    if c.mla_out_gate:
-        out = out * jax.nn.sigmoid(matmul(h, p["mla_g"][i]))
-    return matmul(out, p["mla_o"][i])
+    return _absorbed_out(ctx, w, h, p, i, c, matmul, same, None)
