@@ -33,8 +33,6 @@ def check_options(c: Config, dtype: str, fault: str | None, interpret: str, kv_c
     kinds = sorted(set(c.layer_kinds) - set(KIND_CODES))  # layer kinds, then the other fields
     missing = ([f"layer_kinds ({', '.join(kinds)})"] if kinds else []) + \
         [f for f in c.features() if f not in SUPPORTED_FEATURES and not f.startswith("layer_kinds")]
-    if c.mla_layers and c.mla_rope:
-        missing.append("mla_rope (DeepSeek-V3's rotated q_pe and k_pe; Kimi's NoPE MLA is in)")
     if c.mla_layers and c.attn_layers:  # one KV cache layout a model (spec.cache_dims)
         missing.append("attention and MLA layers in one model")
     if missing:  # the kernel implements the Llama/Qwen3/Qwen2, Gemma 2/3, gpt-oss, DeepSeek-style MoE, GDN, KDA layers

@@ -60,7 +60,7 @@ class Knobs:
     l2_eps_outside: bool = _knob(False, "kernel")  # GDN: q and k normed by x / (sqrt(sum x^2) + eps)
     mla_scale_padded: bool = _knob(False, "kernel")  # MLA: scores scaled by the padded key width's ^-1/2
     nope_rotated: bool = _knob(False, "kernel")  # Muse: the decode step's NoPE full layers rotated (their tables')
-    mla_pe_rotated: bool = _knob(False, "kernel")  # NoPE MLA (Kimi): the decode step's k_pe rotated by its position
+    mla_pe_rotated: bool = _knob(False, "kernel")  # MLA: the decode step's k_pe rotation switched (Kimi's turned)
     mla_uk_transposed: bool = _knob(False, "kernel")  # absorbed MLA: W_uk's key columns read dim-major, not head-major
     kda_gate_per_head: bool = _knob(False, "kernel")  # KDA: each head's first channel's decay for all its channels
     router_bias_in_weights: bool = _knob(False, "kernel")  # the sigmoid router's selection bias in the weights too
@@ -214,9 +214,9 @@ CATALOGUE = tuple(Fault(*f) for f in (
      "is right, wrote the prompt's keys unrotated)", "nope"),
     ("mla_pe_rotated", Knobs(mla_pe_rotated=True),
      "a NoPE MLA layer (Kimi Linear, K3) rotates the decode step's shared k_pe by its position (rotate-half, the "
-     "model's RoPE base)",
-     "a decode kernel ported from DeepSeek-V3's MLA, whose k_pe is rotated, to Kimi's, whose is not (the prefill, "
-     "which is right, wrote the prompt's keys unrotated)", "mla"),
+     "model's RoPE base); a RoPE'd one (DeepSeek-V3) leaves it raw",
+     "a decode kernel ported from DeepSeek-V3's MLA, whose k_pe is rotated, to Kimi's, whose is not, or the other way "
+     "(the prefill, which is right, wrote the prompt's keys as the model has them)", "mla"),
     ("mla_uk_transposed", Knobs(mla_uk_transposed=True),
      "absorbed MLA: each head's W_uk is taken from W_kvb's key columns read dim-major ((n h), not (h n))",
      "the absorbed form's W_uk transposed: an einops order swapped where the key up-projection is folded into the "

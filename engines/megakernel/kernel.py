@@ -270,8 +270,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 x_out[...] = add(x, o, "attn")
 
             def mla_layer():
-                q, k, v = mla.project(c, {key: b_[key][...] for key in xk}, h,
-                                      pos_v[...] if kn.mla_pe_rotated else None, pltpu.roll)
+                q, k, v = mla.project(c, {key: b_[key][...] for key in xk}, h, pos_v[...] + kn.rope_pos_offset,
+                                      pltpu.roll, kn.mla_pe_rotated)
                 k, v = ops.round_to(k, kvd), ops.round_to(v, kvd)
                 newk[pl.ds(a, 1)] = ops.reshape(k, 1, R, Kc, 1, dkc).astype(kvd)
                 newv[pl.ds(a, 1)] = ops.reshape(v, 1, R, Kc, 1, dvc).astype(kvd)

@@ -1,8 +1,10 @@
-"""Multi-head latent attention in the megakernel (Kimi Linear's and Kimi K3's: no RoPE, the shared k_pe used raw): the
-engine's own projections for the decode kernel and its XLA prefill, in two forms (spec.MLA_FORMS).
-engines/reference/mla.py is the independent one the judge runs.
+"""Multi-head latent attention in the megakernel (Kimi Linear's and Kimi K3's: no RoPE, the shared k_pe used raw;
+DeepSeek-V3's, Config.mla_rope: each head's q_pe and the shared k_pe turned by position): the engine's own
+projections for the decode kernel and its XLA prefill, in two forms (spec.MLA_FORMS). engines/reference/mla.py is
+the independent one the judge runs.
 
-Per token: q = x Wq (or rms(x Wqa) Wqb); [c | k_pe] = x Wkva; c = rms(c) w (Config.mla_norm_eps); then
+Per token: q = x Wq (or rms(x Wqa) Wqb); [c | k_pe] = x Wkva; c = rms(c) w (Config.mla_norm_eps); under mla_rope
+q_pe and k_pe rotated (the model's RoPE style and base); then
 - expanded: per head [k_nope | v] = c Wkvb, each head's key [k_nope | k_pe] and value cached;
 - absorbed: the latent and k_pe cached once a token ([c | k_pe], values c), each head's query [q_nope W_uk^T | q_pe]
   (W_uk: the head's key columns of Wkvb), and its output (the softmax's mixture of latents) times W_uv;
@@ -40,29 +42,39 @@ def _heads_t(a, w, width: int):
                                                 precision=ops.precision(w.dtype)) for i in range(w.shape[0])], -1)
 
 
-def rotated_pe(k_pe: jax.Array, pos: jax.Array, theta: float, roll=jnp.roll) -> jax.Array:
-    """k_pe [N, r] rotated by position pos [N, 1] (rotate-half, base theta), as DeepSeek-V3 rotates it: the fault
-    mla_pe_rotated, in a model whose MLA is NoPE. The tables come from an iota (a kernel captures no arrays)."""
-    r = k_pe.shape[-1]
-    j = jax.lax.broadcasted_iota(jnp.int32, (1, r), 1)
-    pair = jnp.where(j < r // 2, j, j - r // 2).astype(jnp.float32)
-    freq = jnp.exp(pair * jnp.float32(-2.0 * math.log(theta) / r))
-    return ops.rope(k_pe, pos, (j < r // 2).astype(jnp.float32), freq, r // 2, roll)
+def rotated(x: jax.Array, pos: jax.Array, theta: float, style: str, heads: int = 1, roll=jnp.roll) -> jax.Array:
+    """x [N, heads*r]: each head's r dims rotated by position pos [N, 1] (RoPE at base theta; style "half": pairs
+    (i, i + r/2), "interleaved": (2i, 2i + 1)). The tables come from an iota (a kernel captures no arrays)."""
+    r = x.shape[-1] // heads
+    j = jax.lax.rem(jax.lax.broadcasted_iota(jnp.int32, (1, x.shape[-1]), 1), r)  # the dim within its head
+    if style == "interleaved":
+        pair, first, shift = jax.lax.div(j, 2), jax.lax.rem(j, 2) == 0, 1
+    else:
+        pair, first, shift = jnp.where(j < r // 2, j, j - r // 2), j < r // 2, r // 2
+    freq = jnp.exp(pair.astype(jnp.float32) * jnp.float32(-2.0 * math.log(theta) / r))
+    return ops.rope(x, pos, first.astype(jnp.float32), freq, shift, roll)
 
 
-def project(c: Config, w: dict, h: jax.Array, pe_pos: jax.Array | None = None,
-            roll=jnp.roll) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Normed inputs h [N, D] -> q, k, v as the cache holds them: expanded q, k [N, H*(n+r)] and v [N, H*v]
-    (head-major); absorbed (w holds mla_uk) q [N, H*(rank + r)], k [N, rank + r] and v [N, rank].
-    pe_pos [N, 1] (the fault mla_pe_rotated): k_pe rotated by these positions; None: used raw, as Kimi does."""
+def project(c: Config, w: dict, h: jax.Array, pos: jax.Array | None = None, roll=jnp.roll,
+            pe_switched: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Normed inputs h [N, D] at positions pos [N, 1] -> q, k, v as the cache holds them: expanded q, k [N, H*(n+r)]
+    and v [N, H*v] (head-major); absorbed (w holds mla_uk) q [N, H*(rank + r)], k [N, rank + r] and v [N, rank].
+    Under Config.mla_rope q_pe and k_pe turn by pos; else they are used raw, as Kimi does. pe_switched (the fault
+    mla_pe_rotated) flips k_pe's switch: Kimi's turned (rotate-half), DeepSeek-V3's left raw."""
     N, H, n, r, dv, rk = h.shape[0], c.n_heads, c.mla_nope_dim, c.mla_rope_dim, c.mla_v_dim, c.mla_kv_rank
     if c.mla_q_rank:
         q = ops.mm(ops.rmsnorm(ops.mm(h, w["mla_qa"]), w["mla_q_norm"], c.mla_norm_eps), w["mla_qb"])
     else:
         q = ops.mm(h, w["mla_q"])
     ckv = ops.mm(h, w["mla_kva"])  # [N, rk + r]: the latent, then the key part every head shares
-    if pe_pos is not None:
-        ckv = jnp.concatenate([ckv[:, :rk], rotated_pe(ckv[:, rk:], pe_pos, c.rope_theta, roll)], -1)
+    if c.mla_rope != pe_switched:
+        style = c.rope_style if c.mla_rope else "half"
+        ckv = jnp.concatenate([ckv[:, :rk], rotated(ckv[:, rk:], pos, c.rope_theta, style, roll=roll)], -1)
+    if c.mla_rope:  # each head's [nope | rope]: the rope parts turned together
+        q_pe = rotated(jnp.concatenate([q[:, i * (n + r) + n:(i + 1) * (n + r)] for i in range(H)], -1), pos,
+                       c.rope_theta, c.rope_style, H, roll)
+        q = jnp.concatenate([x for i in range(H) for x in (q[:, i * (n + r):i * (n + r) + n],
+                                                           q_pe[:, i * r:(i + 1) * r])], -1)
     latent = ops.rmsnorm(ckv[:, :rk], w["mla_kv_norm"], c.mla_norm_eps)
     if "mla_uk" in w:  # absorbed: head i's query [q_nope W_uk[i]^T | q_pe]
         parts = [q[:, i * (n + r):(i + 1) * (n + r)] for i in range(H)]

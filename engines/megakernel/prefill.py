@@ -86,7 +86,7 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
         if c.kind(l) == "mla":  # the cache's form; absorbed: W_uk, W_uv from W_kvb here (the kernel's are its own)
             xw = {key: hbm[key][a] for key in mla_keys(c)}
             xw |= dict(zip(("mla_uk", "mla_uv"), mla.absorbed_weights(c, xw["mla_kvb"]))) if form == "absorbed" else {}
-            q, k, v = mla.project(c, xw, h)
+            q, k, v = mla.project(c, xw, h, pos)
             q, k, v = q.reshape(B, T, H, dkc), k.reshape(B, T, Kc, dkc), v.reshape(B, T, Kc, dvc)
             scale, sink = (c.mla_nope_dim + c.mla_rope_dim) ** -0.5, None
         else:

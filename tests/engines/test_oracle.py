@@ -92,10 +92,19 @@ def test_oracle_prompts_cross_every_window_and_the_yarn_context():
 
 
 def test_megakernel_refuses_what_it_does_not_implement():
-    """DeepSeek-V3's MLA rotates q_pe and k_pe; the kernel's MLA is Kimi's NoPE form (the GDN, KDA and K3 minis run)."""
+    """Every checkpoint here runs in the megakernel (DeepSeek-V3's RoPE'd MLA included; a Config names no layer kind
+    the kernel lacks); what it refuses, before anything is built, is one KV cache for two layouts: attention and MLA
+    layers in one model."""
+    from dataclasses import replace
+
+    from engines.megakernel.checks import check_options
+
     w = load_hf(minis_dir() / "mini-deepseek-mla", "mini-deepseek-mla")
-    with pytest.raises(UnsupportedModel, match=r"does not implement mla_rope .* \(model mini-deepseek-mla\)"):
-        MegakernelEngine(w)
+    MegakernelEngine(w)  # built
+    c = w.config
+    mixed = replace(c, layer_kinds=("full",) + c.layer_kinds[1:])
+    with pytest.raises(UnsupportedModel, match=r"not implement attention and MLA layers in one model \(model mini"):
+        check_options(mixed, "float32", None, "generic", "float32", "dense", "v5e")
 
 
 def _config(tmp_path, **cfg):

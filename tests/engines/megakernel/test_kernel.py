@@ -93,7 +93,9 @@ FAMILY_CASES = [pytest.param(n, d, b, marks=[] if (d == "float32" or n in IN_CI_
                 for n in ("mini-qwen2", "mini-gemma2", "mini-gemma3", "mini-gptoss", "mini-qwen-hybrid",
                           "mini-qwen-next-moe", "mini-kimi-linear")
                 for d, b in (("float32", F32_LOGIT_TOL), ("bfloat16", BF16_LOGIT_TOL))] + \
-    [pytest.param("mini-kimi", "float32", K3_F32_LOGIT_TOL), pytest.param("mini-muse", "float32", MUSE_F32_LOGIT_TOL)]
+    [pytest.param("mini-kimi", "float32", K3_F32_LOGIT_TOL), pytest.param("mini-muse", "float32", MUSE_F32_LOGIT_TOL),
+     pytest.param("mini-deepseek-mla", "float32", F32_LOGIT_TOL),
+     pytest.param("mini-deepseek-mla", "bfloat16", BF16_LOGIT_TOL, marks=[pytest.mark.heavy])]
 
 
 @pytest.mark.parametrize("name, dtype, bound", FAMILY_CASES)

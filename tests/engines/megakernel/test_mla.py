@@ -3,6 +3,7 @@ W_uv after the softmax, against the independent reference (which runs the expand
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -106,13 +107,30 @@ def test_the_declared_bf16_recipe_is_the_absorbed_forms(kimi_linear):
     assert med["absorbed"] < med["expanded"] / 10, med
 
 
+@pytest.mark.parametrize("style", ["half", "interleaved"])
+def test_the_kernels_mla_rotation_is_the_references(style):
+    """DeepSeek-V3's q_pe and k_pe rotation as the kernel computes it (lane rolls and a select, tables from an iota,
+    several heads' rope parts side by side) equals the reference's apply_rope (its own tables) head by head."""
+    from engines.reference.model import apply_rope, rope_cos_sin
+
+    rng = np.random.default_rng(2)
+    H, r = 3, 8
+    x = rng.standard_normal((4, H * r)).astype(np.float32)
+    pos = np.asarray([[0], [1], [37], [900]], np.int32)
+    got = np.asarray(mla.rotated(jnp.asarray(x), jnp.asarray(pos), 10000.0, style, H))
+    cos, sin = rope_cos_sin(jnp.asarray(pos.T), r, 10000.0)  # [1, N, 1, r/2]
+    want = np.asarray(apply_rope(jnp.asarray(x.reshape(1, 4, H, r)), cos, sin, style)).reshape(4, H * r)
+    assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()
+    assert np.array_equal(got[0], x[0])
+
+
 def test_the_rotated_k_pe_fault(kimi_linear):
     """mla_pe_rotated (k_pe rotated as DeepSeek-V3 does, in Kimi's NoPE MLA): the rotation is the identity at position
     0, keeps each row's norm, and moves k_pe elsewhere; in both forms the faulted stream differs from the faithful."""
     rng = np.random.default_rng(1)
     k_pe = rng.standard_normal((3, 8)).astype(np.float32)
     pos = np.asarray([[0], [5], [300]], np.int32)
-    got = np.asarray(mla.rotated_pe(k_pe, pos, kimi_linear.config.rope_theta))
+    got = np.asarray(mla.rotated(k_pe, pos, kimi_linear.config.rope_theta, "half"))
     assert np.array_equal(got[0], k_pe[0])
     assert np.allclose(np.linalg.norm(got, axis=-1), np.linalg.norm(k_pe, axis=-1), rtol=1e-5)
     assert not np.allclose(got[1:], k_pe[1:], atol=1e-3)

@@ -59,9 +59,10 @@ def check_lowered(eng: MegakernelEngine, batch: int, window: int, want_taps: boo
 # dense, MoE, Qwen2's biases, Gemma 2's soft-caps and windows, Gemma 3's two RoPEs, gpt-oss's sinks and experts,
 # Qwen3-Next's GDN layers (and their state), gated attention and partial RoPE, its MoE variant's gated shared expert,
 # Kimi Linear's KDA layers and NoPE MLA, Kimi K3's (bounded KDA gate, gated MLA, latent MoE, attention residuals),
-# Muse Spark's (NoPE full layers, weightless QK and output norms, gated residuals, its normed latent MoE)
+# Muse Spark's (NoPE full layers, weightless QK and output norms, gated residuals, its normed latent MoE),
+# DeepSeek-V3's RoPE'd MLA (q_pe and k_pe turned by lane rolls)
 FAMILIES = ("mini-qwen2", "mini-gemma2", "mini-gemma3", "mini-gptoss", "mini-qwen-hybrid", "mini-qwen-next-moe",
-            "mini-kimi-linear", "mini-kimi", "mini-muse")
+            "mini-kimi-linear", "mini-kimi", "mini-muse", "mini-deepseek-mla")
 # in bfloat16, CI lowers these families (the others' bf16 builds differ only in dtypes: the heavy cross product)
 BF16_FAMILIES = ("mini-gptoss", "mini-kimi-linear")
 
