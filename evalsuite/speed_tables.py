@@ -108,21 +108,29 @@ PROFILE = "benchmarks/results/judge-profile-*.json"  # python -m benchmarks.judg
 
 
 def judge_profile_figures(root: Path) -> str:
-    """Where the judge's batch-32 decode step goes, by XLA's own per-operation trace, a row per run."""
+    """Where the judge's decode step and its prefill go (and the megakernel's step in the generic interpreter), by
+    XLA's own per-operation trace, a row per run."""
     files, runs = _runs(root, PROFILE)
     if not files:
         return _absent(PROFILE)
     rows = []
     for r in runs:
         g = r["groups"]["matmuls (YNNPACK fusions)"]
-        rows.append([f"{r['model']}, {r['measured_on']}", f"{r['peak_numpy_square_gflops']:.0f}",
+        what = "prefill, 4 x 1,024" if r.get("pass") == "prefill" else f"decode, batch {r['batch']}"
+        what += f", {r['profiled']}" if r.get("profiled") else ""  # an engine other than the judge
+        kinds = sorted(((v["thread_seconds"], k.split(" (")[0]) for k, v in r["groups"].items()
+                        if v["share_of_busy"] >= 0.05), reverse=True)
+        per_thread = r["peak_numpy_square_gflops"] / r["cpus"]
+        rate = f"{r['matmul_gflops_per_busy_thread']:.0f} of {per_thread:.0f}" if g["share_of_busy"] >= 0.5 else "-"
+        rows.append([f"{r['model']}, {r['measured_on']}", what, f"{r['peak_numpy_square_gflops']:.0f}",
                      f"{r['step_seconds'] * 1e3:.1f}",
                      f"{r['step_gflops']:.0f} ({r['step_gflops'] / r['peak_numpy_square_gflops']:.2f}x)",
-                     f"{r['core_utilisation']:.0%}", f"{g['share_of_busy']:.0%}",
-                     f"{r['matmul_gflops_per_busy_thread']:.0f} of {r['peak_numpy_square_gflops'] / r['cpus']:.0f}",
+                     f"{r['core_utilisation']:.0%}", ", ".join(f"{k} {t * 1e3:.1f}" for t, k in kinds), rate,
                      f"{r['jax_up_projection_alone_gflops']:.0f}"])
     return (_source(*[str(f.relative_to(root)) for f in files],
-                    how=" (`python -m benchmarks.judge_profile`, float32, batch 32, with XLA's TraceMe events)")
-            + _table(["model, run", "peak: numpy 2048^3", "step, ms", "GFLOP/s (x peak)", "cores busy",
-                      "matmuls' share of the busy time", "matmul GFLOP/s a thread (of a core's peak)",
-                      "the up projection alone, GFLOP/s"], rows))
+                    how=" (`python -m benchmarks.judge_profile [--pass prefill] [--engine megakernel --batch 1]`, "
+                        "float32, with XLA's TraceMe events)")
+            + _table(["model, run", "pass", "peak: numpy 2048^3", "a call, ms", "GFLOP/s (x peak)", "cores busy",
+                      "thread time by kind, ms a call (5% or more)",
+                      "matmul GFLOP/s a thread (of a core's peak; where YNNPACK's matmuls are most of the time)",
+                      "the up projection alone at the pass's rows, GFLOP/s"], rows))
