@@ -76,7 +76,11 @@ class Judge:
     def __init__(self, model, dtype: str, prompts, N: int, progress):
         self.model, self.dtype, self.N, self.prompts, self.progress = model, dtype, N, prompts, progress
         self.engine = ReferenceEngine(model.weights, "float32")  # also the float32 conditioning witness
-        self._same = ReferenceEngine(model.weights, dtype) if dtype != "float32" else None
+        # bf16: the reference in the faithful megakernel's declared recipe, as diff builds its judge (the drift and
+        # scale baseline, the witness, the routing margins, the peers' same-dtype reference); a default recipe here
+        # rounds an MoE router the engine keeps in float32, and once put a faithful engine's drift at 1.84x
+        self.declared = MegakernelEngine(model.weights, dtype).recipe if dtype != "float32" else None
+        self._same = ReferenceEngine(model.weights, dtype, recipe=self.declared) if dtype != "float32" else None
         self.ref, self.same, self.recipe, self.margins, self.recipe_real = [], [], [], [], []
         self.moe = self._same is not None and bool(model.config.n_moe_layers)
         self.moved = None
@@ -138,12 +142,16 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress, only_
         # the peers' judge is the reference in the engine's dtype: the engine teacher-forced along its tokens
         forced_same = forced if dtype == "float32" or only_evalsuite else eng.forced_topk(
             ids, [judge.same[c + i].token_ids for i in range(len(ids))], 5, want_logits=True)
+        recipe = judge.recipe[c:c + len(ids)]
+        if dtype != "float32" and eng.recipe != judge.declared:  # a fault that builds another form: as diff, the
+            recipe = judge.own_recipe(eng).forced_topk(  # recipe it declares
+                ids, [judge.ref[c + i].token_ids for i in range(len(ids))], 5, want_logits=True)
         for i, (eg, fo, fs) in enumerate(zip(egen, forced, forced_same)):
             n = c + i + 1
             rg, sg = judge.ref[c + i], judge.same[c + i]
             rec = rule.compare_prompt(rg.token_ids, rg.track(), fo, eg, tol)
             if rec["real_positions"]:  # as diff: the conditioning witness (float64 in float32, the recipe in bf16)
-                rec = with_witness(judge.engine, Flagged(prompts[c + i][1], rg, fo, eg, rec, recipe=judge.recipe[c + i]
+                rec = with_witness(judge.engine, Flagged(prompts[c + i][1], rg, fo, eg, rec, recipe=recipe[i]
                                                          if dtype != "float32" else None), tol, witnessed, orders)
             if judge.margins:  # as diff: real positions at the reference's routing near-ties are not judged
                 rt = routing_ties([rec], {0: judge.margins[c + i]}, judge.moved, {0: judge.recipe_real[c + i]})
@@ -153,9 +161,9 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress, only_
                 detail["flagged"][prompts[c + i][0]] = rec["real_positions"]
             if dtype != "float32":
                 drift_e.append(rec.drift)  # as diff: every position, routing near-ties included
-                drift_r.append(rule.metrics.kl(rg.logits, judge.recipe[c + i].logits))
+                drift_r.append(rule.metrics.kl(rg.logits, recipe[i].logits))
                 slopes.append((rule.logit_slope(rg.logits, fo.logits),  # as diff: the logit-scale check
-                               rule.logit_slope(rg.logits, judge.recipe[c + i].logits)))
+                               rule.logit_slope(rg.logits, recipe[i].logits)))
             hits = {"evalsuite": bool(rec["real_positions"])}
             if not only_evalsuite:
                 hits["vllm"] = peers.vllm_rule(sg.token_ids, np.asarray(sg.top_ids), eg.token_ids,
@@ -260,6 +268,7 @@ def recheck(doc: dict, out: Path, names: list[str], a, progress) -> int:
         group = [r for r in todo if r["model"] == model_name]
         if not group:
             continue
+        progress(f"{model_name}: {', '.join(f or 'faithful' for f in group)}")
         model = load_model(model_name)
         ps = prompt_order(model.tokenizer, a.prompts, a.seed, model.config.max_context, a.max_new_tokens)
         judge = Judge(model, a.dtype, ps, a.max_new_tokens, progress)
@@ -285,6 +294,40 @@ FAMILY_MODELS = {"sliding": "mini-gemma2", "softcap": "mini-gemma2", "sinks": "m
                  "latent": "mini-kimi", "attn_res": "mini-kimi", "nope": "mini-muse"}
 
 
+SETTINGS = ("prompts", "order_seed", "max_new_tokens", "dtype")
+
+
+def merge(paths: list[str], out: Path) -> int:
+    """--out from the rows of several tables run apart (--part, one process a model): same settings, no row twice."""
+    docs = []
+    for p in paths:
+        try:
+            docs.append(json.loads(Path(p).read_text()))
+            if not isinstance(docs[-1].get("rows"), list):
+                raise ValueError("no rows")
+        except (OSError, ValueError, AttributeError) as e:
+            print(f"error: {p} is not a detection table ({e})", file=sys.stderr)
+            return 2
+    settings = {tuple(d.get(k) for k in SETTINGS) for d in docs}
+    if len(settings) > 1:
+        print(f"error: the tables were written with other settings {sorted(settings, key=str)}", file=sys.stderr)
+        return 2
+    rows, seen = [], set()
+    for p, d in zip(paths, docs):
+        for r in d["rows"]:
+            if (r["model"], r["fault"]) in seen:
+                print(f"error: {p} repeats the row ({r['model']}, {r['fault']})", file=sys.stderr)
+                return 2
+            seen.add((r["model"], r["fault"]))
+            rows.append(r)
+    doc = {**docs[0], "rows": rows, "seconds": round(sum(d.get("seconds", 0) for d in docs), 1),
+           "merged_from": len(docs)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1))
+    print(f"{out}: {len(rows)} rows from {len(docs)} tables")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="which rule catches which fault, and with how many prompts")
     ap.add_argument("--model", default="smollm2-135m")
@@ -298,6 +341,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0, help="the prompts' order")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--part", default="all", choices=("all", "faithful", "faults"),
+                    help="which rows of each model: the faithful engine's (false alarms), the faults', or both; "
+                         "split a table over processes run at once, then --merge their files")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="write --out from these tables' rows (same settings; a row repeated is an error) and stop")
     ap.add_argument("--resume", action="store_true",
                     help="keep the rows already in --out (same settings) and run only the missing faults")
     ap.add_argument("--table-only", action="store_true", help="print the Markdown table of --out and stop")
@@ -312,6 +360,8 @@ def main(argv=None) -> int:
     if a.recheck_evalsuite and (a.resume or a.table_only):
         print("error: --recheck-evalsuite goes alone (not with --resume or --table-only)", file=sys.stderr)
         return 2
+    if a.merge:
+        return merge(a.merge, Path(a.out))
     if a.table_only:
         if not Path(a.out).is_file() or (a.float32_table and not Path(a.float32_table).is_file()):
             print(f"error: {a.out if not Path(a.out).is_file() else a.float32_table} does not exist", file=sys.stderr)
@@ -359,10 +409,14 @@ def main(argv=None) -> int:
               (a.moe_model, [n for n in names if needs[n] == "moe"])]
     for m in dict.fromkeys(family.values()):  # each family mini once, with the faults of its layers
         groups.append((m, [n for n in names if family.get(needs[n]) == m]))
-    for model_name, group in [(m, [None] + g) for m, g in groups]:
-        group = [f for f in group if (model_name, f) not in done]
-        if not [f for f in group if f is not None]:
+    for model_name, faults in groups:
+        if not faults:  # a model's faithful row runs only beside faults chosen on it
             continue
+        group = ([] if a.part == "faults" else [None]) + ([] if a.part == "faithful" else faults)
+        group = [f for f in group if (model_name, f) not in done]
+        if not group or (a.part == "all" and group == [None]):
+            continue
+        progress(f"{model_name}: {', '.join(f or 'faithful' for f in group)}")
         model = load_model(model_name)
         ps = prompt_order(model.tokenizer, a.prompts, a.seed, model.config.max_context, a.max_new_tokens)
         judge = Judge(model, a.dtype, ps, a.max_new_tokens, progress)

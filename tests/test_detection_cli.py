@@ -1,5 +1,6 @@
-"""benchmarks/detection.py's --recheck-evalsuite: bad input stops in one line (exit 2) before any model loads and
-leaves the table as it was; a re-checked catch that moved is shown beside the old one."""
+"""benchmarks/detection.py's --recheck-evalsuite and --merge: bad input stops in one line (exit 2) before any model
+loads and leaves the table as it was; a re-checked catch that moved is shown beside the old one; tables run apart
+merge into one."""
 
 import importlib
 import json
@@ -41,6 +42,38 @@ def test_recheck_refuses_bad_input_in_one_line(detection, tmp_path, capsys, case
     err = capsys.readouterr().err.strip()
     assert why in err and "\n" not in err and "Traceback" not in err
     assert (out.read_text() if out.exists() else None) == before  # nothing written over
+
+
+def _rows(path: Path, rows: list[tuple[str, str | None]], **settings) -> Path:
+    doc = {"prompts": 64, "order_seed": 0, "max_new_tokens": 32, "dtype": "bfloat16", "seconds": 10.0,
+           "rows": [{"model": m, "fault": f} for m, f in rows]} | settings
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_merge_joins_tables_run_apart(detection, tmp_path):
+    """--part splits a table over processes; --merge joins their rows into one table with the same settings."""
+    a = _rows(tmp_path / "a.json", [("mini-kimi", None), ("mini-kimi", "latent_norm_padded")])
+    b = _rows(tmp_path / "b.json", [("mini-muse", "nope_rotated")])
+    out = tmp_path / "t.json"
+    assert detection.main(["--out", str(out), "--merge", str(a), str(b)]) == 0
+    doc = json.loads(out.read_text())
+    assert [(r["model"], r["fault"]) for r in doc["rows"]] == [("mini-kimi", None), ("mini-kimi", "latent_norm_padded"),
+                                                               ("mini-muse", "nope_rotated")]
+    assert doc["dtype"] == "bfloat16" and doc["seconds"] == 20.0 and doc["merged_from"] == 2
+
+
+@pytest.mark.parametrize("case, why", [("repeat", "repeats the row"), ("settings", "other settings"),
+                                       ("broken", "is not a detection table")])
+def test_merge_refuses_bad_input_in_one_line(detection, tmp_path, capsys, case, why):
+    a = _rows(tmp_path / "a.json", [("mini-kimi", None)])
+    b = {"repeat": lambda: _rows(tmp_path / "b.json", [("mini-kimi", None)]),
+         "settings": lambda: _rows(tmp_path / "b.json", [("mini-muse", None)], dtype="float32"),
+         "broken": lambda: (tmp_path / "b.json").write_text("{half") and tmp_path / "b.json"}[case]()
+    out = tmp_path / "t.json"
+    assert detection.main(["--out", str(out), "--merge", str(a), str(b)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert why in err and "\n" not in err and not out.exists()
 
 
 def test_runs_as_a_module_from_the_root(tmp_path):
@@ -86,3 +119,17 @@ def test_benchmarks_use_only_public_names_and_no_path_edits():
                     and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
                 found.append(f"{rel}:{node.lineno} .{node.attr}")
     assert found == []
+
+
+def test_the_bf16_judge_is_the_recipe_diff_uses(detection):
+    """The drift and scale baseline, the witness and the peers' same-dtype reference are the reference in the
+    faithful megakernel's declared recipe, as diff builds them: a default recipe rounds an MoE router the engine
+    keeps in float32 (a faithful mini-gptoss's drift read 1.84x against it, 1.00x against its own)."""
+    from engines.megakernel import MegakernelEngine
+    from evalsuite.models import load_model
+
+    model = load_model("mini-moe")
+    judge = detection.Judge(model, "bfloat16", [], 32, lambda s: None)
+    declared = MegakernelEngine(model.weights, "bfloat16").recipe
+    assert judge.declared == declared and judge._same.recipe == declared
+    assert "router" in declared.f32_weights  # what a default recipe would round
