@@ -297,8 +297,9 @@ FAMILY_MODELS = {"sliding": "mini-gemma2", "softcap": "mini-gemma2", "sinks": "m
 SETTINGS = ("prompts", "order_seed", "max_new_tokens", "dtype")
 
 
-def merge(paths: list[str], out: Path) -> int:
-    """--out from the rows of several tables run apart (--part, one process a model): same settings, no row twice."""
+def merge(paths: list[str], out: Path, replace: bool = False) -> int:
+    """--out from the rows of several tables run apart (--part, one process a model): same settings, no row twice
+    (replace: a later table's row takes an earlier one's place)."""
     docs = []
     for p in paths:
         try:
@@ -312,14 +313,15 @@ def merge(paths: list[str], out: Path) -> int:
     if len(settings) > 1:
         print(f"error: the tables were written with other settings {sorted(settings, key=str)}", file=sys.stderr)
         return 2
-    rows, seen = [], set()
+    rows: dict = {}
     for p, d in zip(paths, docs):
         for r in d["rows"]:
-            if (r["model"], r["fault"]) in seen:
-                print(f"error: {p} repeats the row ({r['model']}, {r['fault']})", file=sys.stderr)
+            key = (r["model"], r["fault"])
+            if key in rows and not replace:
+                print(f"error: {p} repeats the row ({r['model']}, {r['fault']}); --replace to take it", file=sys.stderr)
                 return 2
-            seen.add((r["model"], r["fault"]))
-            rows.append(r)
+            rows[key] = r
+    rows = list(rows.values())
     doc = {**docs[0], "rows": rows, "seconds": round(sum(d.get("seconds", 0) for d in docs), 1),
            "merged_from": len(docs)}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -345,7 +347,11 @@ def main(argv=None) -> int:
                     help="which rows of each model: the faithful engine's (false alarms), the faults', or both; "
                          "split a table over processes run at once, then --merge their files")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
-                    help="write --out from these tables' rows (same settings; a row repeated is an error) and stop")
+                    help="write --out from these tables' rows (same settings; a row repeated is an error unless "
+                         "--replace) and stop")
+    ap.add_argument("--replace", action="store_true",
+                    help="with --merge: a later table's row replaces an earlier one of the same model and fault "
+                         "(a row re-run under a changed judge)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the rows already in --out (same settings) and run only the missing faults")
     ap.add_argument("--table-only", action="store_true", help="print the Markdown table of --out and stop")
@@ -361,7 +367,7 @@ def main(argv=None) -> int:
         print("error: --recheck-evalsuite goes alone (not with --resume or --table-only)", file=sys.stderr)
         return 2
     if a.merge:
-        return merge(a.merge, Path(a.out))
+        return merge(a.merge, Path(a.out), a.replace)
     if a.table_only:
         if not Path(a.out).is_file() or (a.float32_table and not Path(a.float32_table).is_file()):
             print(f"error: {a.out if not Path(a.out).is_file() else a.float32_table} does not exist", file=sys.stderr)

@@ -61,6 +61,11 @@ def test_merge_joins_tables_run_apart(detection, tmp_path):
     assert [(r["model"], r["fault"]) for r in doc["rows"]] == [("mini-kimi", None), ("mini-kimi", "latent_norm_padded"),
                                                                ("mini-muse", "nope_rotated")]
     assert doc["dtype"] == "bfloat16" and doc["seconds"] == 20.0 and doc["merged_from"] == 2
+    again = _rows(tmp_path / "c.json", [("mini-kimi", None)])
+    again.write_text(again.read_text().replace('"fault": null}', '"fault": null, "rerun": true}'))
+    assert detection.main(["--out", str(out), "--merge", str(out), str(again), "--replace"]) == 0
+    rows = json.loads(out.read_text())["rows"]  # the re-run row in the old one's place
+    assert len(rows) == 3 and rows[0] == {"model": "mini-kimi", "fault": None, "rerun": True}
 
 
 @pytest.mark.parametrize("case, why", [("repeat", "repeats the row"), ("settings", "other settings"),
