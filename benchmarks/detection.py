@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.detection_tables import RULES, float32_catches, merge, table
 from benchmarks.make_prompts import make
 from engines import compile_cache
 from engines.megakernel import MegakernelEngine
@@ -50,7 +51,6 @@ from evalsuite.prompts import Prompt
 from evalsuite.versions import commit, versions
 
 CHUNK = 8
-RULES = ("evalsuite",) + peers.RULES
 BATCHING_AT = (8, 16, 32, 64)  # prompt counts at which diff's batching part runs over the prompts so far
 RECIPE_AT = 8  # bf16: the prompt count at which diff's recipe check runs
 
@@ -221,40 +221,6 @@ def _diff_parts(judge: Judge, eng, prompts, taken: int, orders, detail: dict, pr
     return taken if hit else None
 
 
-def table(rows: list[dict], build32: dict | None = None) -> str:
-    """build32: (model, fault) -> the float32 table's evalsuite first catch, for a bf16 table: a bf16 `diff` also
-    runs the engine's float32 build on the same prompts (evalsuite/compare/build.py), so it FAILs at the
-    earlier of the two catches (a column derived from the two committed tables, not a third run)."""
-    extra = ["evalsuite + float32 build"] if build32 is not None else []
-    head = "| fault | dtype | model | " + " | ".join([*RULES, *extra]) + " | prompts run |"
-    lines = [head, "|" + " --- |" * (len(RULES) + len(extra) + 4)]
-    for r in rows:
-        cells = [_cell(r["first_caught"][k], r["fault"]) for k in RULES]
-        was = r.get("evalsuite_recheck", {}).get("before", r["first_caught"]["evalsuite"])
-        if was != r["first_caught"]["evalsuite"]:  # re-checked under today's rule and moved: say so
-            cells[0] += f" (was {_cell(was, r['fault'])})"
-        if build32 is not None:
-            both = [v for v in (r["first_caught"]["evalsuite"], build32.get((r["model"], r["fault"]))) if v]
-            cells.append(_cell(min(both) if both else None, r["fault"]))
-        lines.append(f"| {r['fault'] or 'faithful (false alarms)'} | {r['dtype']} | {r['model']} | "
-                     + " | ".join(cells) + f" | {r['prompts_taken']} |")
-    return "\n".join(lines)
-
-
-def _cell(v: int | None, fault: str | None) -> str:
-    """A rule's first catch, or on the faithful engine (fault None) a false alarm."""
-    return "-" if v is None else (f"FALSE ALARM at {v}" if fault is None else str(v))
-
-
-def float32_catches(bf16: dict, path: str) -> dict:
-    """The float32 table's evalsuite catches by (model, fault); its prompts must be the bf16 table's."""
-    f32 = json.loads(Path(path).read_text())
-    key = ("prompts", "order_seed", "max_new_tokens")
-    if f32.get("dtype") != "float32" or any(f32.get(k) != bf16.get(k) for k in key):
-        raise ValueError(f"{path} is not a float32 table over the same prompts ({', '.join(key)})")
-    return {(r["model"], r["fault"]): r["first_caught"]["evalsuite"] for r in f32["rows"]}
-
-
 def recheck(doc: dict, out: Path, names: list[str], a, progress) -> int:
     """Re-run evalsuite's column of a committed table under today's rule: in float32 the rows it caught (a "-"
     cannot turn into a catch there: the witness only clears flags); in bfloat16 every fault's row, since the drift
@@ -292,42 +258,6 @@ FAMILY_MODELS = {"sliding": "mini-gemma2", "softcap": "mini-gemma2", "sinks": "m
                  "recurrent": "mini-qwen-hybrid", "kda": "mini-kimi-linear",
                  "mla": "mini-kimi-linear", "mla_absorbed": "mini-kimi-linear", "router_bias": "mini-kimi",
                  "latent": "mini-kimi", "attn_res": "mini-kimi", "nope": "mini-muse"}
-
-
-SETTINGS = ("prompts", "order_seed", "max_new_tokens", "dtype")
-
-
-def merge(paths: list[str], out: Path, replace: bool = False) -> int:
-    """--out from the rows of several tables run apart (--part, one process a model): same settings, no row twice
-    (replace: a later table's row takes an earlier one's place)."""
-    docs = []
-    for p in paths:
-        try:
-            docs.append(json.loads(Path(p).read_text()))
-            if not isinstance(docs[-1].get("rows"), list):
-                raise ValueError("no rows")
-        except (OSError, ValueError, AttributeError) as e:
-            print(f"error: {p} is not a detection table ({e})", file=sys.stderr)
-            return 2
-    settings = {tuple(d.get(k) for k in SETTINGS) for d in docs}
-    if len(settings) > 1:
-        print(f"error: the tables were written with other settings {sorted(settings, key=str)}", file=sys.stderr)
-        return 2
-    rows: dict = {}
-    for p, d in zip(paths, docs):
-        for r in d["rows"]:
-            key = (r["model"], r["fault"])
-            if key in rows and not replace:
-                print(f"error: {p} repeats the row ({r['model']}, {r['fault']}); --replace to take it", file=sys.stderr)
-                return 2
-            rows[key] = r
-    rows = list(rows.values())
-    doc = {**docs[0], "rows": rows, "seconds": round(sum(d.get("seconds", 0) for d in docs), 1),
-           "merged_from": len(docs)}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1))
-    print(f"{out}: {len(rows)} rows from {len(docs)} tables")
-    return 0
 
 
 def main(argv=None) -> int:
