@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from evalsuite.doctables import RESULTS, _sci, _source, _table
@@ -12,8 +13,6 @@ F32_PATHS = "f32-paths-*.json"
 
 
 def f32_paths(root: Path) -> str:
-    import json
-
     files = sorted((root / RESULTS).glob(F32_PATHS))
     if not files:
         return f"not measured: no `{RESULTS}/{F32_PATHS}`.\n"
