@@ -54,3 +54,12 @@ def test_judge_profile_needs_xla_events_and_groups_by_operation_name():
     assert group_of("dot.236").startswith("dots (XLA's own") and group_of("custom-call") == "top-k and argmax"
     assert group_of("dynamic-slice_bitcast_fusion.3").startswith("dynamic-slice copies")
     assert group_of("bitcast_copy_fusion.3").startswith("other")
+
+
+def test_drift_parts_refuses_bad_input_in_one_line():
+    for args, why in ((["--model", "nope"], "unknown model"), (["--model", "mini-llama", "--prompts", "12"],
+                      "multiple of 8"), (["--model", "mini-llama", "--faults", "no_such_fault"], "unknown fault"),
+                      (["--model", "mini-llama", "--out", "/nonexistent/x.json"], "no directory")):
+        p = subprocess.run([sys.executable, "-m", "benchmarks.drift_parts", *args], capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and why in p.stderr, (args, p.stderr)
