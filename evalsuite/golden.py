@@ -186,7 +186,9 @@ def _bf16_checks(model, caps, prompts, conts, judges, forced, recs, tol,
     recipe = judge(model, "bfloat16", recipe=declared)
     own = recipe.forced_topk(prompts, conts, TOP_K, want_logits=caps.logits)
     own_recs = [compare_prompt(c, jd, o, None, tol) for c, jd, o in zip(conts, judges, own)]
-    drift = rule.drift_check([r.drift for r in recs], [r.drift for r in own_recs], "bfloat16")
+    measures = {r.drift_measure for r in recs} | {r.drift_measure for r in own_recs}
+    drift = rule.drift_check([r.drift for r in recs], [r.drift for r in own_recs], "bfloat16",
+                             measures.pop() if len(measures) == 1 else "mixed")
     ref = judge(model) if caps.logits or model.config.n_moe_layers else None
     scale = _scale(ref, prompts, conts, forced, own) if caps.logits else {
         "checked": False, "why": "bf16 logit-scale check (rule.SCALE): the engine gives no full logits"}
@@ -198,9 +200,7 @@ def _problems(summary: dict, mismatches: list, drift, scale, regen: str) -> list
     """What fails the check, one sentence each."""
     problems = []
     if drift and drift["checked"] and not drift["ok"]:
-        problems.append(f"bf16 drift: the engine's mean divergence from the golden file is {drift['ratio']:.3g}x "
-                        f"the reference's own bf16 recipe's over {drift['positions']} positions (bound "
-                        f"{drift['bound']}): error everywhere, as a precision bug gives")
+        problems.append(f"bf16 drift against the golden file: {rule.drift_text(drift)}")
     if scale and scale["checked"] and not scale["ok"]:
         problems.append(f"bf16 logit scale: the engine's logits are scaled {scale['engine_minus_recipe']:+.3g} "
                         f"against the reference's own bf16 recipe's (t {scale['t']:.3g}, {scale['prompts']} prompts; "

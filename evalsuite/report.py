@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from evalsuite.compare import rule
+
 
 def strict(obj):
     """obj with every float that is not a number (NaN, infinity: a value nobody measured) as None, so that the
@@ -153,9 +155,7 @@ def _drift_text(d: dict | None) -> str:
         return "n/a"
     if not d.get("checked"):
         return d.get("why", "not checked")
-    return (f"mean {d['engine_mean']:.3g} vs the reference's bf16 recipe {d['recipe_mean']:.3g} on the same "
-            f"{d['positions']} positions: ratio {d['ratio']:.2f} (bound {d['bound']}) "
-            f"{'ok' if d['ok'] else 'EXCEEDED'}")
+    return rule.drift_text(d)
 
 
 def _first(*xs):
@@ -251,7 +251,7 @@ def diff_text(r: dict) -> str:
         lines.append(f"tolerance overridden: {k} {v['used']} (measured default {v['default']})")
     d = r.get("bf16_drift") or {}
     if d.get("checked"):
-        lines.append(f"bf16 drift: ratio {d['ratio']:.2f} to the reference's bf16 recipe (bound {d['bound']})")
+        lines.append(f"bf16 drift against the reference's bf16 recipe: {rule.drift_text(d)}")
     if (r.get("bf16_logit_scale") or {}).get("checked"):
         lines.append(f"bf16 logit scale: {_scale_text(r['bf16_logit_scale'])}")
     if (r.get("conditioning_witness") or {}).get("prompts"):

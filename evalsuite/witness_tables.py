@@ -30,3 +30,31 @@ def f32_paths(root: Path) -> str:
     return (_source(*(f"{RESULTS}/{f.name}" for f in files), how=" (`python -m benchmarks.f32_paths`)")
             + _table(["model", "position", "engine", "paths", "worst abs Δlogit from float64 (its path)", "worst KL",
                       "worst / the judge's worst", "the prompt's median abs Δlogit"], rows))
+
+
+DRIFT_PARTS = "drift-parts-*.json"
+
+
+def drift_parts(root: Path) -> str:
+    """Each subject of benchmarks/drift_parts.py judged by rule.drift_check itself, so the table is the rule's."""
+    from evalsuite.compare import rule
+
+    files = sorted((root / RESULTS).glob(DRIFT_PARTS))
+    if not files:
+        return f"not measured: no `{RESULTS}/{DRIFT_PARTS}`.\n"
+    rows = []
+    for f in files:
+        d = json.loads(f.read_text("utf-8"))
+        k = d["per_position_kl"]
+        for who in (s for s in k if s != "recipe"):
+            r = rule.drift_check(k[who], k["recipe"], "bfloat16")
+            t = r["tail"]
+            verdict = "not checked" if not r["checked"] else "ok" if r["ok"] else "FAIL"
+            bulk = "" if r.get("ratio") is None else f"{r['ratio']:.3f}"
+            rows.append([f.name.removeprefix("drift-parts-").removesuffix(".json"), str(len(k["recipe"])), who,
+                         f"{r['mean_ratio']:.3f}", f"{r['within']}/{r['positions']}", bulk,
+                         f"{t['engine_only']} vs {t['recipe_only']}", f"{t['p']:.2g}", verdict])
+    return (_source(*(f"{RESULTS}/{f.name}" for f in files), how=" (`python -m benchmarks.drift_parts`)")
+            + _table(["run", "prompts", "subject", "all-position mean ratio (the old check)",
+                      "positions within the bound", "bulk ratio", "beyond the bound on one side only (engine vs "
+                      "recipe)", "tail p", "drift check"], rows))

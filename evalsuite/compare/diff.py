@@ -297,10 +297,10 @@ def _drift_and_scale(run: _Run) -> tuple[dict, dict, dict | None]:
     run.not_checked += [n + (f" ({ns.count(n)} prompts)" if ns.count(n) > 1 else "") for n in dict.fromkeys(ns)]
     if ties and ties["positions_not_judged"]:
         run.not_checked.append(ties["note"])
-    # drift over every position, routing near-ties included: the engine and the recipe both flip experts at
-    # near-ties, so their mean divergences compare like with like (docs/calibration.md, "bf16 drift")
+    # drift over every position, routing near-ties included: its bulk leaves out the positions beyond the
+    # per-position bound, its tail counts them (docs/rule.md, "bf16 drift")
     drift = rule.drift_check([v for _, v in sorted(run.drift_e.items())], [v for _, v in sorted(run.drift_r.items())],
-                             spec.dtype)
+                             spec.dtype, "kl" if caps.logits else "logprob")
     if spec.dtype != "float32" and not drift["checked"]:
         run.checks_not_possible.append(drift["why"])
     slopes = run.slopes

@@ -7,6 +7,7 @@ each bound is the multiple it is."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import comb
 
 import numpy as np
 
@@ -17,8 +18,10 @@ DLOGIT_TOL = {"float32": 8e-4, "bfloat16": 1.1}  # 4.2x 1.91e-4; 1.47x 0.749
 KL_TOL = {"float32": 2.5e-9, "bfloat16": 5.8e-3}  # 4.5x 5.5e-10; 1.5x 3.9e-3
 NOISE_TOL = {k: 2 * v for k, v in DLOGIT_TOL.items()}
 LOGPROB_TOL = {k: 2 * v for k, v in DLOGIT_TOL.items()}
-DRIFT_RATIO = 1.3  # faithful megakernel 0.98x (builtin), 0.88x (quick); bf16_residual 1.87x, 1.59x
 MIN_DRIFT_POSITIONS = 256  # a judgement call, not a measurement: below it a mean KL rests on too few positions
+# a judgement call too: a bulk that is a minority of the positions is not "everywhere" (on mini-muse and mini-kimi in
+# bf16, 12% and 24% of positions are within the bound: routing moves the rest; benchmarks/results/drift-parts-*.json)
+MIN_DRIFT_WITHIN = 0.5
 SCALE_T = 6.0  # |t| of the mean over prompts: two-sided p ~ 1e-4 at 8 prompts (Student t, 7 df) if no error
 SCALE_FACTOR = 1.5  # as the other bf16 bounds: another bf16 engine rounds differently from the recipe
 MIN_SCALE_PROMPTS = 8
@@ -26,6 +29,17 @@ MIN_SCALE_PROMPTS = 8
 # be as far from exact as the judge, on the other side. bfloat16: another bf16 engine rounds differently from the
 # recipe, the factor of every other bf16 bound.
 CONDITIONING_FACTOR = {"float32": 2.0, "bfloat16": 1.5}
+# bf16 drift (drift_check). The bulk's bound: the reference's own recipe in other summation orders (null draws,
+# engines.weights.permuted, 3 seeds) measured 0.955-1.196 against it on 9 models x 16-32 prompts, the largest on
+# mini-moe whose bulk KLs are ~1e-8; bf16_residual 1.20-2.04 on 7 of them (benchmarks/drift_parts.py,
+# benchmarks/results/drift-parts-*.json). Also the tail's effect bound.
+DRIFT_RATIO = 1.3
+# a position beyond the per-position bound is the per-position rule's: the bulk leaves it out on both sides
+DRIFT_CAP = {"kl": KL_TOL["bfloat16"], "logprob": LOGPROB_TOL["bfloat16"]}
+# the tail's significance, one-sided: the null draws' smallest p was 0.039 (mini-kimi, 15 vs 6 positions); 1e-4 as
+# SCALE_T's; positions of one sequence are not independent (a flip moves the next ones), so p is only a guide and
+# the effect bound (DRIFT_RATIO x the recipe's count) must hold too
+DRIFT_TAIL_P = 1e-4
 
 
 @dataclass(frozen=True)
@@ -74,11 +88,11 @@ class PromptRecord(dict):
     """compare_prompt's record of one prompt: the JSON record (a dict), plus two per-position arrays its callers
     aggregate over a run and never report per prompt: matched (the measure at positions where the tokens agree:
     the observed noise) and drift (what the bf16 drift check averages: KL, or over an API the token's
-    |Δlogprob|)."""
+    |Δlogprob|; drift_measure says which: "kl" or "logprob", drift_check's measure)."""
 
-    def __init__(self, record: dict, matched: np.ndarray, drift: np.ndarray | None):
+    def __init__(self, record: dict, matched: np.ndarray, drift: np.ndarray | None, drift_measure: str = "kl"):
         super().__init__(record)
-        self.matched, self.drift = matched, drift
+        self.matched, self.drift, self.drift_measure = matched, drift, drift_measure
 
 
 def _teacher_forced(ref: Forced, forced: Forced | None, rt, ref_tok_lp, lp_at, b: dict) -> tuple:
@@ -212,7 +226,7 @@ def compare_prompt(ref_tokens, ref: Forced, forced: Forced | None, gen: Generati
                    "dlogprob_generated": [float(x) for x in gen_d],
                    # the engine's argmax along the reference's tokens: only where it was teacher-forced
                    "argmax_agreement": float(agree.mean()) if arg is not None else None},
-            }, matched, drift)
+            }, matched, drift, "kl" if kl is not None else "logprob")
 
 
 def position_bounds(tol: Tolerances, n: int, conditioning: tuple[np.ndarray, np.ndarray] | None) -> dict:
@@ -242,18 +256,63 @@ def _nanmax(v: np.ndarray) -> float | None:
     return float(v.max()) if v.size else None
 
 
-def drift_check(engine_values: list[np.ndarray], recipe_values: list[np.ndarray], dtype: str) -> dict:
-    """bf16 only: the run's mean divergence against the reference recipe's on the same positions."""
+def _binomial_tail(k: int, n: int) -> float:
+    """P(X >= k) for X ~ Binomial(n, 1/2): exact (n is a count of positions, at most a few thousand)."""
+    if n == 0 or k <= 0:
+        return 1.0
+    return float(sum(comb(n, i) for i in range(k, n + 1)) / 2 ** n)
+
+
+def drift_check(engine_values: list[np.ndarray], recipe_values: list[np.ndarray], dtype: str,
+                measure: str = "kl") -> dict:
+    """bf16 only: the engine's divergence from the float32 reference against the reference's own bf16 recipe's, on
+    the same positions, in two parts (docs/rule.md, "bf16 drift"). The bulk: the mean over the positions where both
+    are within the per-position bound (DRIFT_CAP) against the recipe's mean there, at most DRIFT_RATIO: error
+    everywhere under the bound, as a precision bug gives. The tail: the positions beyond the bound on one side only
+    (an expert flipped at a near-tie, or a real mismatch); FAIL when the engine has them both significantly more
+    often than the recipe (one-sided sign test, p < DRIFT_TAIL_P) and more than DRIFT_RATIO times as many. A
+    position beyond the bound is the per-position rule's to judge, so one flip no longer carries the mean."""
     if dtype != "bfloat16":
         return {"checked": False, "why": "float32: per-position bounds only"}
     e = np.concatenate([np.asarray(v, np.float64) for v in engine_values]) if engine_values else np.zeros(0)
     r = np.concatenate([np.asarray(v, np.float64) for v in recipe_values]) if recipe_values else np.zeros(0)
-    if e.size < MIN_DRIFT_POSITIONS or r.size != e.size:
+    if r.size != e.size:
+        return {"checked": False, "positions": int(e.size), "why": "bf16 drift: the recipe's positions are not the "
+                                                                    "engine's"}
+    if measure not in DRIFT_CAP:
         return {"checked": False, "positions": int(e.size),
-                "why": f"bf16 drift needs >= {MIN_DRIFT_POSITIONS} teacher-forced positions"}
-    ratio = float(e.mean() / max(r.mean(), 1e-30))
-    return {"checked": True, "positions": int(e.size), "engine_mean": float(e.mean()),
-            "recipe_mean": float(r.mean()), "ratio": ratio, "bound": DRIFT_RATIO, "ok": ratio <= DRIFT_RATIO}
+                "why": f"bf16 drift: the engine's and the recipe's records give different measures ({measure})"}
+    cap = DRIFT_CAP[measure]
+    within = (e <= cap) & (r <= cap)
+    only_e, only_r = int(((e > cap) & (r <= cap)).sum()), int(((r > cap) & (e <= cap)).sum())
+    n_e, n_r = int((e > cap).sum()), int((r > cap).sum())
+    p = _binomial_tail(only_e, only_e + only_r)
+    tail = {"bound": cap, "engine_beyond": n_e, "recipe_beyond": n_r, "engine_only": only_e, "recipe_only": only_r,
+            "p": p, "p_bound": DRIFT_TAIL_P, "ok": not (p < DRIFT_TAIL_P and n_e > DRIFT_RATIO * n_r)}
+    out = {"positions": int(e.size), "measure": measure, "within": int(within.sum()), "tail": tail,
+           "mean_ratio": float(e.mean() / max(r.mean(), 1e-30)) if e.size else None, "bound": DRIFT_RATIO}
+    if e.size < MIN_DRIFT_POSITIONS or within.sum() < MIN_DRIFT_WITHIN * e.size:
+        why = (f"bf16 drift needs >= {MIN_DRIFT_POSITIONS} teacher-forced positions, at least "
+               f"{MIN_DRIFT_WITHIN:.0%} of them within the per-position bound on both sides (here {int(within.sum())} "
+               f"of {e.size})")
+        if not tail["ok"]:  # the tail alone can FAIL
+            return {"checked": True, **out, "ratio": None, "ok": False, "bulk_why": why}
+        return {"checked": False, **out, "why": why}
+    em, rm = float(e[within].mean()), float(r[within].mean())
+    ratio = em / max(rm, 1e-30)
+    return {"checked": True, **out, "engine_mean": em, "recipe_mean": rm, "ratio": ratio,
+            "ok": ratio <= DRIFT_RATIO and tail["ok"]}
+
+
+def drift_text(d: dict) -> str:
+    """One line for a checked drift result: both parts, and which failed."""
+    t = d["tail"]
+    bulk = (f"bulk {d['ratio']:.3g}x the recipe's mean over the {d['within']} of {d['positions']} positions within "
+            f"the per-position bound (bound {d['bound']})" if d.get("ratio") is not None else d.get("bulk_why", ""))
+    tail = (f"beyond it: the engine {t['engine_beyond']}, the recipe {t['recipe_beyond']} (one side only: "
+            f"{t['engine_only']} vs {t['recipe_only']}, p {t['p']:.2g})")
+    bad = [w for w, ok in (("bulk", d.get("ratio") is None or d["ratio"] <= d["bound"]), ("tail", t["ok"])) if not ok]
+    return f"{bulk}; {tail}" + (f": {' and '.join(bad)} EXCEEDED" if bad else ": ok")
 
 
 def logit_slope(judge_logits: np.ndarray, logits: np.ndarray) -> float:
