@@ -58,7 +58,7 @@ FAULTS = (
      "target=megakernel (the kernel's verify step), any drafts"),
 )
 KERNEL_FAULTS = {"block_mask": "block_mask_ahead"}  # faults inside the megakernel's verify step
-TARGET_OPTIONS = ("interpret", "chip")  # passed to the megakernel target
+TARGET_OPTIONS = ("interpret", "chip", "kv_cache", "experts", "mla")  # passed to the megakernel target
 
 
 @dataclass
@@ -104,7 +104,7 @@ def truncated(weights: Weights, n: int) -> Weights:
 
 class SpeculativeEngine(Engine):
     faults = tuple(f[0] for f in FAULTS)
-    options = ("target", "drafter", "block", "seed", "interpret", "chip")
+    options = ("target", "drafter", "block", "seed", *TARGET_OPTIONS)
     streams_results = True
     max_batch = MAX_BATCH
     paths = ("spec_accept_all", "spec_reject_first", "spec_partial", "refill", "finish_mid_batch", "stop")

@@ -96,7 +96,9 @@ def test_prompt_lookup():
                                          ({"block": "x"}, "block='x'"), ({"target": "tpu"}, "target"),
                                          ({"drafter": "layers:9"}, "layers:9"),
                                          ({"interpret": "tpu"}, "target=megakernel"),
-                                         ({"target": "megakernel", "interpret": "nope"}, "interpret")])
+                                         ({"target": "megakernel", "interpret": "nope"}, "interpret"),
+                                         ({"mla": "absorbed"}, "target=megakernel"),
+                                         ({"target": "megakernel", "kv_cache": "fp8"}, "kv_cache")])
 def test_bad_options_are_one_line_errors(extra, said):
     m = load_model("mini-llama")
     with pytest.raises(ModelError, match=said):
@@ -122,6 +124,29 @@ def test_the_megakernel_as_target(name):
     for fault in ("no_rollback", "block_mask"):
         bad = SpeculativeEngine(m.weights, drafter="sweep", target="megakernel", fault=fault)
         assert _changed(bad.generate(prompts, N), plain), fault
+
+
+def test_the_megakernel_targets_own_options_reach_it():
+    """kv_cache, experts and mla are the megakernel's options: the speculative engine passes them to its target, whose
+    declared bf16 recipe (what diff's judge is built in) says so."""
+    m = load_model("mini-kimi-linear")
+    e = SpeculativeEngine.create(m, EngineOptions(dtype="bfloat16", extra={"target": "megakernel", "mla": "absorbed",
+                                                                           "kv_cache": "bfloat16"}))
+    assert e.recipe.mla == "absorbed" and e.recipe.kv_cache == "bfloat16" and e.recipe == e.target.recipe
+
+
+@pytest.mark.heavy
+def test_the_megakernel_target_with_absorbed_mla_keeps_plain_greedy():
+    """The verify step in the absorbed MLA form: the committed stream is the same engine's plain greedy stream."""
+    from engines.megakernel import MegakernelEngine
+
+    m = load_model("mini-kimi-linear")
+    prompts = [p.encode(m.tokenizer) for p in load_prompts("quick").prompts[:4]]
+    plain = MegakernelEngine(m.weights, mla="absorbed").generate(prompts, N)
+    e = SpeculativeEngine(m.weights, drafter="sweep", target="megakernel", kernel={"mla": "absorbed"})
+    got = e.generate(prompts, N)
+    assert _same(got, plain) and not _changed(got, plain)
+    assert e.run_stats()["speculation"]["target"] == "megakernel"
 
 
 def test_a_kernel_fault_needs_the_kernel():
