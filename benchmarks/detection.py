@@ -185,7 +185,9 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress, only_
             sc = rule.scale_check([u for u, _ in slopes], [v for _, v in slopes], dtype)
             if (d["checked"] and not d["ok"]) or (sc["checked"] and not sc["ok"]):
                 first["evalsuite"] = taken
-            detail["drift_ratio"] = d.get("ratio")
+            detail["drift_ratio"] = d.get("ratio")  # the bulk's; the tail's counts beside it
+            tail = d.get("tail") or {}
+            detail["drift_tail"] = {k: tail[k] for k in ("engine_only", "recipe_only", "p")} if tail else None
             detail["logit_scale_t"] = sc.get("t")
     if witnessed:
         detail["witness_cleared"] = sum(w.get("cleared", 0) for w in witnessed)
@@ -244,7 +246,8 @@ def recheck(doc: dict, out: Path, names: list[str], a, progress) -> int:
             r["first_caught"]["evalsuite"] = new["first_caught"]["evalsuite"]
             r["evalsuite_recheck"] = {"before": before, "commit": at, "versions": versions(),
                                       **{k: new[k] for k in ("prompts_taken", "seconds", "real_positions",
-                                                             "witness_cleared", "drift_ratio", "logit_scale_t")
+                                                             "witness_cleared", "drift_ratio", "drift_tail",
+                                                             "logit_scale_t")
                                          if k in new}}
             progress(f"{r['fault']}: evalsuite {before} -> {new['first_caught']['evalsuite']} ({new['seconds']} s)")
             out.write_text(json.dumps(doc, indent=1))  # after every fault: a kill loses one row at most
