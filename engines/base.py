@@ -10,6 +10,7 @@ and optional ones: score_topk(prompts, continuations, k), forced_topk's records 
 (default: forced_topk itself), and, offered where `capabilities` says so:
   score(seqs, want_taps)                  full-vocabulary logits of a forward pass (and taps)
   step_taps(prompts, next_ids)            the residual stream after every layer for one decode step
+  forced_routing(prompts, continuations)  the experts each MoE layer chose along forced_topk's path
 What an engine lacks is reported by the checks as "not checked", never branched around.
 
 Engines are found by entry point (group `evalsuite.engines`, value `module:Class`); the class's
@@ -30,6 +31,7 @@ import numpy as np
 
 from engines.config import Config
 from engines.errors import ModelError
+from engines.fingerprint import source_fingerprint  # noqa: F401  (the engines' public part)
 from engines.shapes import call_groups, next_bucket, next_pow2  # noqa: F401  (the engines' public part)
 
 DTYPES = ("float32", "bfloat16")
@@ -97,7 +99,8 @@ class Scored:
     routing_margins [T] float32 or None (MoE models, with taps): at each position, the smallest gap over the
     MoE layers between the k-th and (k+1)-th router choice scores; a near-tie there lets rounding change
     the token's experts. routing_layers [M, T]: that gap at each of the M MoE layers; routing_experts
-    [M, T, k]: the chosen experts' ids, ascending.
+    [M, T, k]: the chosen experts' ids, ascending; routing_gaps [M, T] (experts forced: a routing replay): the
+    largest choice score outside the forced set minus the smallest inside (<= 0: the router's own choice).
     """
 
     logits: np.ndarray
@@ -105,6 +108,7 @@ class Scored:
     routing_margins: np.ndarray | None = None
     routing_layers: np.ndarray | None = None
     routing_experts: np.ndarray | None = None
+    routing_gaps: np.ndarray | None = None
 
 
 @dataclass
@@ -112,12 +116,14 @@ class Forced:
     """One row teacher-forced along given tokens (or the reference's own greedy track): the one record
     type the comparator reads. token_logprobs [N]: the log-softmax of the given token at each position
     (NaN where unknown); top_ids / top_logprobs [N, k]: the k most likely ids, most likely first
-    (-1 / NaN where a server gave fewer); logits [N, V] only from engines with full logits."""
+    (-1 / NaN where a server gave fewer); logits [N, V] only from engines with full logits; routing [M, P + N - 1,
+    k] only from forced_routing: the experts (ascending) each MoE layer chose for each token the path fed."""
 
     token_logprobs: np.ndarray
     top_ids: np.ndarray
     top_logprobs: np.ndarray
     logits: np.ndarray | None = None
+    routing: np.ndarray | None = None
 
     @classmethod
     def from_logits(cls, logits: np.ndarray, tokens: Sequence[int], k: int, keep_logits: bool = True) -> Forced:
@@ -214,6 +220,7 @@ class Capabilities:
     forced_refusal: str = ""  # why forced_topk is unavailable, in one line
     stop_strings: bool = False  # generate(stop_strings=...) is honoured by the engine itself
     runs_past_eos: bool = True  # generate without stop ids runs past end-of-turn (a server may not)
+    routing: bool = False  # forced_routing(): the experts its MoE layers chose along a forced path (a routing replay)
     blocking: tuple[str, ...] = ()  # could not be shown about this engine: no PASS over it
     forced_blocking: tuple[str, ...] = ()  # could not be shown about forced_topk: no PASS of checks using it
     notes: tuple[str, ...] = ()  # said in results, blocks nothing
@@ -346,16 +353,15 @@ class Engine(abc.ABC):
         return self.forced_topk(prompts, continuations, k)
 
     def canary_logprobs(self) -> list[float] | None:
-        """Values a resumed run compares with the journal's, within canary_tol, before reusing its answers
-        (a server's canary logprobs: a prompt cache moves them slightly, so they cannot be hashed into the
-        fingerprint). None: the fingerprint alone decides."""
+        """Values a resumed run compares with the journal's, within canary_tol, before reusing its answers (a
+        server's: a prompt cache moves them slightly, so no hash). None: the fingerprint alone decides."""
         return None
 
     canary_tol: ClassVar[float] = 0.0  # the largest |Δ| between two canary_logprobs() of the same engine
 
     def placement(self) -> dict | None:
-        """Where the weights live when they are split over devices or processes (for result files): the
-        mesh's axis sizes and the weight bytes this process holds against the whole. None: one device."""
+        """Where the weights live when split over devices or processes (for result files): the mesh's axis sizes
+        and the weight bytes this process holds against the whole. None: one device."""
         return None
 
     def path_log(self) -> PathLog | None:
@@ -363,8 +369,8 @@ class Engine(abc.ABC):
         return None
 
     def run_stats(self) -> dict:
-        """Figures the engine measured about itself since it was built, for result files and reports (a speculative
-        engine: its acceptance length and rates); {} where it has none. Reported, never judged."""
+        """Figures the engine measured about itself since it was built (a speculative engine: its acceptance length
+        and rates); {} where it has none. Reported, never judged."""
         return {}
 
     def self_checks(self) -> list[dict]:
@@ -375,25 +381,14 @@ class Engine(abc.ABC):
     def score(self, seqs: Sequence[Sequence[int]], want_taps: bool = False) -> list[Scored]:
         raise ModelError(f"engine {self.name} offers no full-vocabulary logits")
 
+    def forced_routing(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], k: int = 5,
+                       want_logits: bool = False) -> list[Forced]:
+        """forced_topk's records with Forced.routing: the experts each MoE layer chose for every token the path fed
+        (the prompt's P, then continuation[:-1]), from the same run as the logits."""
+        raise ModelError(f"engine {self.name} does not report its expert choices")
+
     def step_taps(self, prompts: Sequence[Sequence[int]], next_ids: Sequence[int], decoded: int = 0) -> np.ndarray:
         """[rows, L, D]: the residual stream after each layer at one decode step on next_ids after prompts; the
         last `decoded` tokens of each prompt are fed by decode steps first (so the cache they read was written
         by the decode path, as in generation), the rest prefilled."""
         raise ModelError(f"engine {self.name} offers no per-layer taps")
-
-
-def source_fingerprint(package_dir, spec: dict) -> str:
-    """What an in-process engine IS, for reuse decisions: sha256 over the engine's own source files
-    (its package and the shared engines/*.py it runs on), the jax/jaxlib versions and its static spec
-    (dtype, fault, tile sizes...). Changing one line of the kernel changes it."""
-    import json
-    from importlib.metadata import version
-
-    h = hashlib.sha256()
-    shared = Path(__file__).resolve().parent
-    for f in sorted(Path(package_dir).glob("*.py")) + sorted(shared.glob("*.py")):
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    h.update(json.dumps({"jax": version("jax"), "jaxlib": version("jaxlib"), "spec": spec},
-                        sort_keys=True, default=str).encode())
-    return h.hexdigest()

@@ -255,6 +255,17 @@ def forced_all(steps: Steps, prompts: Sequence[Sequence[int]], continuations: Se
     return out
 
 
+def forced_split(prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> tuple[list, list, list]:
+    """forced_from_decode's rows: (what is prefilled, what decode steps feed, leading logit rows to drop) per row."""
+    pre, cont, drop = [], [], []
+    for p, x in zip(prompts, continuations):
+        two = len(p) >= 2
+        pre.append(list(p[:-1]) if two else list(p))
+        cont.append(([int(p[-1])] if two else []) + [int(t) for t in x])
+        drop.append(1 if two else 0)
+    return pre, cont, drop
+
+
 def forced_from_decode(decode_forced: Callable, prompts: Sequence[Sequence[int]],
                        continuations: Sequence[Sequence[int]], k: int, want_logits: bool) -> list[Forced]:
     """engines.base.Engine.forced_topk for an engine with a teacher-forced decode loop
@@ -262,11 +273,6 @@ def forced_from_decode(decode_forced: Callable, prompts: Sequence[Sequence[int]]
     prefilled, then that token and the continuation are fed by decode steps, so every continuation token
     is scored by the decode path (for a megakernel: by the kernel). A one-token prompt is prefilled as
     it is (its first continuation token then comes from the prefill)."""
-    pre, cont, drop = [], [], []
-    for p, x in zip(prompts, continuations):
-        two = len(p) >= 2
-        pre.append(list(p[:-1]) if two else list(p))
-        cont.append(([int(p[-1])] if two else []) + [int(t) for t in x])
-        drop.append(1 if two else 0)
+    pre, cont, drop = forced_split(prompts, continuations)
     logits = decode_forced(pre, cont)
     return [Forced.from_logits(lg[d:], x, k, want_logits) for lg, d, x in zip(logits, drop, continuations)]

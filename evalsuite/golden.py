@@ -19,6 +19,7 @@ from engines.base import Forced
 from engines.errors import ModelError
 from evalsuite import distributed
 from evalsuite.compare import coverage, rule
+from evalsuite.compare.replay import judge_ties
 from evalsuite.compare.routing import routing_margins, routing_ties
 from evalsuite.compare.rule import Tolerances, compare_prompt
 from evalsuite.errors import SpecError
@@ -172,18 +173,17 @@ def _judges(entries: dict, want_ids: list[str]) -> list[Forced]:
     return judges
 
 
-def _bf16_checks(model, caps, prompts, conts, judges, forced, recs, tol,
-                 declared=None) -> tuple[dict, dict, dict | None]:
+def _bf16_checks(model, eng, prompts, conts, judges, forced, recs, tol) -> tuple[dict, dict, dict | None]:
     """`diff`'s run-wide bf16 checks along the golden tokens, each measured against the reference in the engine's
     declared bf16 recipe (its default where the engine declares none; the default's bf16 router made a correct
     engine with a float32 router FAIL mini-muse's golden file, where the engine equals its declared recipe bitwise):
     drift (a precision bug under the per-position bounds moves every position), logit scale (a systematic
     error under the drift bound: it let final_norm_eps PASS mini-llama's golden file), and on MoE models the
     routing near-ties, not judged (without it the reference's own bf16 recipe failed mini-moe's and mini-gptoss's
-    golden files at 3/264 positions each)."""
+    golden files at 3/264 positions each), replayed with the engine's routing where it reports it (replay.py)."""
     from evalsuite.plugins import judge
 
-    recipe = judge(model, "bfloat16", recipe=declared)
+    caps, recipe = eng.capabilities, judge(model, "bfloat16", recipe=eng.recipe)
     own = recipe.forced_topk(prompts, conts, TOP_K, want_logits=caps.logits)
     own_recs = [compare_prompt(c, jd, o, None, tol) for c, jd, o in zip(conts, judges, own)]
     measures = {r.drift_measure for r in recs} | {r.drift_measure for r in own_recs}
@@ -193,6 +193,8 @@ def _bf16_checks(model, caps, prompts, conts, judges, forced, recs, tol,
     scale = _scale(ref, prompts, conts, forced, own) if caps.logits else {
         "checked": False, "why": "bf16 logit-scale check (rule.SCALE): the engine gives no full logits"}
     routing = _routing_ties(ref, recipe, prompts, conts, own_recs, recs) if model.config.n_moe_layers else None
+    if routing and routing["positions_not_judged"]:  # replayed with the engine's own routing where it reports it
+        routing["left"] = judge_ties(ref, recipe, eng, prompts, conts, recs, tol, routing)
     return drift, scale, routing
 
 
@@ -218,8 +220,8 @@ def _problems(summary: dict, mismatches: list, drift, scale, regen: str) -> list
 def _not_checked(caps, drift, scale, routing) -> list[str]:
     """What a PASS would need and this check could not show."""
     out = list(caps.not_checked(uses_forced=True))
-    if routing and routing["positions_not_judged"]:
-        out.append(routing["note"])  # those positions could hide a routing bug
+    if routing and routing.get("left"):
+        out.append(routing["left"])  # positions not judged, not replayed: they could hide a routing bug
     if drift and not drift["checked"]:
         out.append(f"bf16 drift: {drift['why']}")
     if scale and not scale["checked"]:  # as in `diff`
@@ -252,7 +254,7 @@ def check(model_name: str, engine_name: str = JUDGE, dtype: str = "float32", fau
     forced = eng.forced_topk(prompts, conts, TOP_K, want_logits=caps.logits)
     judges = _judges(entries, want_ids)
     recs = [compare_prompt(c, jd, got, None, tol) for c, jd, got in zip(conts, judges, forced)]
-    drift, scale, routing = (_bf16_checks(model, caps, prompts, conts, judges, forced, recs, tol, eng.recipe)
+    drift, scale, routing = (_bf16_checks(model, eng, prompts, conts, judges, forced, recs, tol)
                              if dtype == "bfloat16" else (None, None, None))
     dlp = [v for rec in recs for v in rec["tf"]["dlogprob"]]
     mismatches = [(i, j) for i, rec in zip(want_ids, recs) for j in rec["real_positions"]]

@@ -141,6 +141,8 @@ def items(spec: KernelSpec, dtype: str) -> tuple[Item, ...]:
            Item("activations", "rope k (freq: full, sliding)", (2, K * hd), "float32"),
            Item("activations", "x out", (R, D), "float32"),
            Item("activations", "taps", (L if spec.want_taps else 1, R, D), "float32")]
+    if spec.want_taps and c.n_moe_layers:  # with taps, the gates each MoE layer chose (a routing replay's)
+        out.append(Item("activations", "routes", (c.n_moe_layers, R, c.n_experts), "float32"))
     for kind in recurrent.kinds(c):  # the engine's fused layout of the linear-attention layers
         shapes |= {k: (0, *v) for k, v in recurrent.shapes(c, kind).items()}
     if spec.mla == "absorbed" and c.mla_layers:  # W_kvb's columns per head (engines.megakernel.mla)

@@ -36,8 +36,9 @@ def pallas_call(spec: KernelSpec, kernel, hbm: dict, keys: tuple, table, x, pos,
     in_specs = [smem, smem] + [vmem] * 7 + [any_spec] * (len(keys) + 2 + n_state)
     NB = -(-L // c.attn_res_block) if c.attn_res_block else 0  # K3: the depth mixture's blocks, an output
     n_snap = n_state if T > 1 else 0  # a verify step's state snapshots after each block token
+    routes = spec.want_taps and c.n_moe_layers > 0  # with taps: each MoE layer's gates, the routing it chose
     out_specs = (vmem, any_spec, any_spec, vmem) + (any_spec,) * n_state + ((vmem,) if NB else ()) \
-        + (any_spec,) * n_snap
+        + (any_spec,) * n_snap + ((vmem,) if routes else ())
     n_in = len(in_specs)
     scratch = [pltpu.VMEM(hbm[k].shape[1:], hbm[k].dtype) for _ in range(nb) for k in streamed]
     scratch += [pltpu.SemaphoreType.DMA((nb, len(streamed))),
@@ -62,7 +63,8 @@ def pallas_call(spec: KernelSpec, kernel, hbm: dict, keys: tuple, table, x, pos,
                  jax.ShapeDtypeStruct((L if spec.want_taps else 1, R, D), F32),
                  *[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in state],
                  *([jax.ShapeDtypeStruct((NB, R, D), F32)] if NB else []),
-                 *[jax.ShapeDtypeStruct((a.shape[0], T, *a.shape[1:]), a.dtype) for a in state[:n_snap]])
+                 *[jax.ShapeDtypeStruct((a.shape[0], T, *a.shape[1:]), a.dtype) for a in state[:n_snap]],
+                 *([jax.ShapeDtypeStruct((c.n_moe_layers, R, c.n_experts), F32)] if routes else []))
     aliases = {n_in - 2 - n_state + j: 1 + j for j in range(2)} | {n_in - n_state + j: 4 + j for j in range(n_state)}
     call = pl.pallas_call(kernel, out_shape=out_shape, in_specs=in_specs, out_specs=out_specs,
                           scratch_shapes=scratch, input_output_aliases=aliases,

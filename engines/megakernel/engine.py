@@ -35,9 +35,8 @@ from engines.loop import (
     forced_all,
     forced_from_decode,
     greedy_all,
-    pad,
 )
-from engines.megakernel import ops, recurrent
+from engines.megakernel import ops, recurrent, replay
 from engines.megakernel.budget import budget
 from engines.megakernel.checks import check_options
 from engines.megakernel.faults import ALL_FAULTS, BY_NAME, FAULTS, Knobs, knobs, rows, stale_feedback
@@ -91,6 +90,7 @@ class _Programs:
                 self.config, w["hbm"], w["embed"], w["rope"], tokens, tokens.shape[1], kv_dtype=self.kv_dtype,
                 lengths=lengths)[1]),
             "_score": jax.jit(self._score_impl, static_argnames=("want_taps",)),
+            "_prefill_routes": jax.jit(partial(replay.prefill_routes, self), static_argnames=("slots",)),
             # the state: caches [La, B, K, S, hd] (and a GDN model's hist, S [Lg, B, ...]), rows on axis 1
             "_gather": jax.jit(lambda state, keep: tuple(a[:, keep] for a in state)),
             "_put": jax.jit(lambda state, rows, where, src: tuple(a.at[:, where].set(r[:, src])
@@ -152,7 +152,8 @@ class _Programs:
         x = ops.embedded(self.config, w["embed"], ids)
         x, kc, vc, taps, *rec = decode_layers(spec, w["hbm"], x, pos, state[0], state[1], w["rope_decode"],
                                               tuple(state[2:]))
-        return x, (kc, vc, *rec), taps
+        routed = want_taps and self.config.n_moe_layers  # with taps: (taps, each MoE layer's gates or None)
+        return x, (kc, vc, *(rec[:-1] if routed else rec)), ((taps, rec[-1] if routed else None) if want_taps else taps)
 
     def _head_impl(self, w, x, k, want_logits, decode):
         """Final norm, logits and top-k of hidden states [B, D]. Only the kernel's (decode) head takes a
@@ -163,7 +164,7 @@ class MegakernelEngine(Engine):
     """dtype "float32" (all f32) or "bfloat16" (bf16 weights, f32 accumulation and residual stream, the KV cache f32
     or, with kv_cache="bfloat16", bf16: the TPU recipe). fault: one of the catalogue's (faults.py), a self-test aid."""
 
-    capabilities = Capabilities(logits=True, taps=True, forced_path="decode")
+    capabilities = Capabilities(logits=True, taps=True, forced_path="decode", routing=True)
     max_batch = MAX_BATCH
     streams_results = True  # continuous batching (engines.stream.greedy_stream)
     faults = ALL_FAULTS
@@ -241,7 +242,7 @@ class MegakernelEngine(Engine):
         self.interpret, self._programs = programs.interpret, programs  # one InterpretParams per spec, as it uses
         j = programs.jitted  # the jitted steps, by name (shared per spec)
         self._prefill, self._extend, self._prefix_kv = j["_prefill"], j["_extend"], j["_prefix_kv"]
-        self._score = j["_score"]
+        self._score, self._prefill_routes = j["_score"], j["_prefill_routes"]
         self._gather, self._put, self._decode, self._verify = j["_gather"], j["_put"], j["_decode"], j["_verify"]
         # a head fault's own head program, over the kernel programs of its kernel knobs (a head fault keyed the
         # kernel's programs too, and every one of its shapes was traced again: 54 s of CI for topk_ids_swapped)
@@ -382,19 +383,11 @@ class MegakernelEngine(Engine):
         """Prefill each prompt but its last `decoded` tokens (XLA), feed those by kernel steps, then run ONE
         kernel step on next_ids with taps on, every step over the window generation would read.
         Returns [rows, L, D]: the residual stream after each layer at the new position."""
-        self._check([list(p) + [t] for p, t in zip(prompts, next_ids)], 1)
-        if any(len(p) <= decoded for p in prompts):
-            raise ModelError(f"step_taps: decoded={decoded} needs every prompt longer than that")
-        n = len(prompts)
-        tokens, lengths, S = pad([list(p[:len(p) - decoded]) for p in prompts], decoded + 1)
-        _, state = self._prefill(self.w, jnp.asarray(tokens), jnp.asarray(lengths), slots=S)
-        for j in range(decoded + 1):
-            ids = np.zeros(len(lengths), np.int32)
-            ids[:n] = [p[len(p) - decoded + j] for p in prompts] if j < decoded else next_ids
-            pos = lengths + j
-            _, state, taps = self._decode(self.w, jnp.asarray(ids), jnp.asarray(pos), state,
-                                          want_taps=j == decoded, window=attention_window(pos, S))
-        return np.asarray(taps).transpose(1, 0, 2)[:n]
+        return replay.step_taps(self, prompts, next_ids, decoded)
 
+    def forced_routing(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], k: int = 5,
+                       want_logits: bool = False) -> list[Forced]:
+        """forced_topk's path (the kernel's steps, taps on) with each MoE layer's choice read back (Forced.routing)."""
+        return replay.forced_routing(self, prompts, continuations, k, want_logits)
 
 __all__ = ["MegakernelEngine", "FAULTS", "races_found", "tpu_interpret_params"]

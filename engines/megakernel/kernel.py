@@ -1,14 +1,14 @@
 """One decode step of every layer as ONE pallas_call (or a speculative verify step: T tokens a row, spec.block).
 
 Weights stay in HBM (memory_space=ANY) and are copied into VMEM scratch by async copies with DMA semaphores, each
-stream double-buffered: a layer's norms and mixer weights (and a recurrent layer's state) load while the previous
-layer computes; the dense MLP streams in column chunks; the KV cache streams in tiles under the online softmax
+stream double-buffered: a layer's norms and mixer weights (and a recurrent layer's state) load while the previous layer
+computes; the dense MLP streams in column chunks; the KV cache streams in tiles under the online softmax
 (engines.megakernel.attention), a tile no row attends skipped; a MoE layer's router runs in the kernel and only the
-experts the rows chose are copied (bytes scale with top-k). A layer's kind and stack index come from an SMEM table.
-New K/V slots are staged in VMEM and written back after the last layer. The embedding gather runs before the kernel
-and the final norm + LM head after it, in XLA, as the Kimi K3 TPU megakernel does (the LM head does not fit VMEM
-next to a layer). Every DMA is on a leading-axis slice; no grid. CI runs it in Pallas interpret mode and lowers it
-for TPU; docs/tpu.md says what Mosaic compiled and ran on a chip.
+experts the rows chose are copied (bytes scale with top-k). A layer's kind and stack index come from an SMEM table. New
+K/V slots are staged in VMEM and written back after the last layer. The embedding gather runs before the kernel and the
+final norm + LM head after it, in XLA, as the Kimi K3 TPU megakernel does (the LM head does not fit VMEM next to a
+layer). Every DMA is on a leading-axis slice; no grid. CI runs it in Pallas interpret mode and lowers it for TPU;
+docs/tpu.md says what Mosaic compiled and ran on a chip.
 """
 
 from __future__ import annotations
@@ -56,8 +56,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     rope: first_q, freq_q, first_k, freq_k from ops.rope_tables, each freq [2, heads*hd]: the full layers' row, then
     the sliding layers'.
     Returns x [R, D] after the last layer, k_cache, v_cache, taps [L, R, D] (zeros if not wanted), *state,
-    *snapshots.
-    """
+    *snapshots, and with taps on an MoE model each MoE layer's gates [Lm, R, E] (nonzero: the experts chosen)."""
     c = spec.config
     B, D, L, K, hd = spec.batch, c.hidden, c.n_layers, c.n_kv_heads, c.head_dim  # B: cache rows
     R, T = spec.rows, spec.block  # query rows: each cache row's T block tokens
@@ -99,6 +98,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
         st_out = take(ns)
         blocks = take(1)[0] if ares else None  # K3: this token's finished blocks [NB, R, D] (the depth mixture's)
         snaps = take(ns) if T > 1 else ()  # each state stack after each block token
+        routes_out = take(1)[0] if spec.want_taps and Lm else None  # each MoE layer's gates [Lm, R, E]
         # One scratch buffer per (slot, array): a layer reads whole refs, never a slice of a
         # stacked [2, ...] buffer (in the generic interpreter that slice is an extra copy).
         buf = [dict(zip(streamed, take(len(streamed)))) for _ in range(nb)]
@@ -324,6 +324,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 def _():
                     run(copies(mk, l - Ld, s), False)
                     gates = moe.route(c, h, lambda key: b_[key][...], kn)
+                    if routes_out is not None:  # with taps: the choice, for a routing replay
+                        routes_out[pl.ds(l - Ld, 1), :, :] = gates[None]
                     x_out[...] = jnp.where(keep, add(x, routed_experts(l - Ld, h, gates, b_), "mlp"), x)
 
             if kn.bf16_residual:

@@ -35,7 +35,7 @@ def _attend(c: Config, q, k, v, visible, scale: float, sink):
 
 def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: jax.Array, slots: int,
                    want_taps: bool = False, prefix: tuple | None = None, kv_dtype: str = "float32",
-                   lengths: jax.Array | None = None):
+                   lengths: jax.Array | None = None, routes: list | None = None):
     """tokens [B, T] (right-padded; padding never reaches a real position, nor a GDN layer's state: lengths [B],
     the real tokens, None = all). Returns the residual stream after the last layer [B, T, D] float32, the state
     (k_cache, v_cache [Lkv, B, heads, slots, width]: spec.cache_shapes; with linear-attention layers their hist and S
@@ -44,7 +44,8 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
 
     prefix: a state of batch 1 (P slots), a prompt prefix every row shares, already prefilled: tokens are then
     the rows' own suffixes at positions P.., attending to the prefix's keys and their own (causally), the
-    GDN layers continuing from its state, and the cache holds prefix then suffix."""
+    GDN layers continuing from its state, and the cache holds prefix then suffix. routes: a list each MoE layer's
+    gates [B*T, E] are appended to (nonzero: the experts chosen), for a routing replay."""
     B, T = tokens.shape
     D, H, hd, L = c.hidden, c.n_heads, c.head_dim, c.n_layers
     Kc, dkc, dvc = cache_dims(c, form := "absorbed" if "mla_uk" in hbm else "expanded")  # an MLA model's form
@@ -79,7 +80,7 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
             out, hg, sg = recurrent.prefill(c, kind, {k: hbm[k][g] for k in recurrent.keys(c, kind)},
                                             h.reshape(B, T, D), rec[r][g], rec[r + 1][g], valid, c.rms_eps)
             rec[r], rec[r + 1] = rec[r].at[g].set(hg), rec[r + 1].at[g].set(sg)
-            x = _mlp(c, hbm, add(x, out.reshape(B * T, D), "attn", l), l, experts, add, gelu, blocks)
+            x = _mlp(c, hbm, add(x, out.reshape(B * T, D), "attn", l), l, experts, add, gelu, blocks, routes)
             taps.append(x.reshape(B, T, D))
             continue
         sliding, a = c.kind(l) == "sliding", c.kv_layers.index(l)  # a: the layer's index in the KV cache
@@ -102,7 +103,7 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
             v = jnp.concatenate([jnp.broadcast_to(pv, (B, P, *pv.shape[2:])), v], axis=1)
         o = _attend(c, q, k, v, local if sliding else causal, scale, sink).reshape(B * T, -1)
         o = mla.output(c, xw, h, o) if c.kind(l) == "mla" else _attn_output(c, hbm, h, o, a)
-        x = _mlp(c, hbm, add(x, o, "attn", l), l, experts, add, gelu, blocks)
+        x = _mlp(c, hbm, add(x, o, "attn", l), l, experts, add, gelu, blocks, routes)
         taps.append(x.reshape(B, T, D))
     state = (kc, vc, *rec)
     if ares:  # the final norm reads the depth mixture over every block and the prefix
@@ -136,9 +137,9 @@ def _attn_output(c: Config, hbm: dict, h, o, a: int):
     return o + hbm["bo"][a] if c.o_bias else o
 
 
-def _mlp(c: Config, hbm: dict, x, l: int, experts: str, add, gelu: bool, blocks: list):
+def _mlp(c: Config, hbm: dict, x, l: int, experts: str, add, gelu: bool, blocks: list, routes: list | None = None):
     """Layer l's MLP (dense or MoE) and its residual update add (prefill_hidden's) on x [N, D] (K3: its input the
-    depth mixture over blocks)."""
+    depth mixture over blocks); a MoE layer's gates appended to routes where given."""
     ares = c.attn_res_block
     xin = ops.depth_mix(hbm["res_mlp"][l], blocks, l // ares + 1, x, c.rms_eps) if ares else x
     h = ops.rmsnorm(xin, hbm["mlp_norm"][l], c.rms_eps)
@@ -151,6 +152,8 @@ def _mlp(c: Config, hbm: dict, x, l: int, experts: str, add, gelu: bool, blocks:
         return hbm[key][m]
 
     gates = moe.route(c, h, get)
+    if routes is not None:
+        routes.append(gates)
     xe = moe.down(c, h, get, c.rms_eps)  # K3, Muse: the experts work in a latent
     y = jnp.zeros(xe.shape, F32)
     for e in range(c.n_experts):

@@ -35,6 +35,8 @@ def kernel_block(programs, w, ids, pos, state, want_taps: bool = False, window: 
     x, kc, vc, taps, *rest = decode_layers(spec, w["hbm"], x, pos.reshape(-1), state[0], state[1], w["rope_decode"],
                                            tuple(state[2:]))
     n = len(state) - 2
+    if want_taps and programs.config.n_moe_layers:  # the MoE gates come last with taps (unused here)
+        rest = rest[:-1]
     return x, (kc, vc, *rest[:n]), tuple(rest[n:]), taps
 
 

@@ -37,7 +37,7 @@ from engines.loop import (
     greedy_all,
 )
 from engines.reference import model, sharding
-from engines.reference.scoring import PrefillScoring
+from engines.reference.scoring import PrefillScoring, forced_experts
 from engines.weights import Weights
 
 MAX_BATCH = 32  # rows per device call; larger prompt lists run in chunks
@@ -157,11 +157,12 @@ class ReferenceEngine(PrefillScoring, Engine):
 
     # ---- jitted pieces -------------------------------------------------------------------------
     @staticmethod
-    def _score_impl(c, r, mesh, p, tokens, want_taps):
+    def _score_impl(c, r, mesh, p, tokens, want_taps, experts=None):
         B, T = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         kc, vc = model.empty_cache(c, B, T, mla_form=r.mla if r else "expanded")
-        logits, _, _, extra = model.forward(p, c, tokens, positions, kc, vc, want_taps, fresh=True, recipe=r)
+        logits, _, _, extra = model.forward(p, c, tokens, positions, kc, vc, want_taps, fresh=True, recipe=r,
+                                            experts=experts)
         taps, routing = extra if want_taps else (None, None)
         return (sharding.replicate(logits, mesh), sharding.replicate(taps, mesh),
                 sharding.replicate(routing, mesh) if routing is not None else None)
@@ -239,20 +240,25 @@ class ReferenceEngine(PrefillScoring, Engine):
         return {**sharding.placement(self.params, self.mesh), "lazy": self._weights.lazy, "bytes_read": read}
 
     # ---- the protocol --------------------------------------------------------------------------
-    def score(self, seqs: Sequence[Sequence[int]], want_taps: bool = False) -> list[Scored]:
+    def score(self, seqs: Sequence[Sequence[int]], want_taps: bool = False,
+              experts: Sequence[np.ndarray] | None = None) -> list[Scored]:
+        """experts (a routing replay): per sequence [M, T, k], each MoE layer's experts at each token, forced; the
+        Scored's routing_gaps then say how far from its own choice each forced set is (model.forced_gap)."""
         c = self.config
         check_prompts(seqs, c.vocab_size, c.max_context + 1, 1)
         out = []
-        for s in seqs:  # one row at a time: no padding, so no padding can leak into a result
+        for n, s in enumerate(seqs):  # one row at a time: no padding, so no padding can leak into a result
             T = len(s)
             Tb = next_pow2(T, MIN_PREFILL_BUCKET)
             tokens = np.zeros((1, Tb), np.int32)
             tokens[0, :T] = s
-            logits, taps, routing = self._score(self.params, self._in(tokens), want_taps=want_taps)
-            margins, experts = (np.asarray(routing[0][:, 0, :T]), np.asarray(routing[1][:, 0, :T])) if routing \
-                else (None, None)
-            out.append(Scored(np.asarray(logits[0, :T]), np.asarray(taps[:, 0, :T]) if want_taps else None,
-                              margins.min(axis=0) if margins is not None else None, margins, experts))
+            forced = None if experts is None else forced_experts(c, experts[n], T, Tb)
+            logits, taps, routing = self._score(self.params, self._in(tokens), want_taps=want_taps or experts
+                                                is not None, experts=forced)
+            m, chosen = (np.asarray(routing[0][:, 0, :T]), np.asarray(routing[1][:, 0, :T])) if routing else (None,) * 2
+            taps, logits = np.asarray(taps[:, 0, :T]) if want_taps else None, np.asarray(logits[0, :T])
+            out.append(Scored(logits, taps, None, None, chosen, m) if forced is not None
+                       else Scored(logits, taps, m.min(axis=0) if m is not None else None, m, chosen))
         return out
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from engines.config import Config
 from engines.reference import gdn, kda, mla, residual, rope
+from engines.reference.moe import forced_gap as moe_forced_gap
 from engines.reference.moe import moe
 
 f32 = jnp.float32  # the compute dtype: float64 only inside float64_math
@@ -213,15 +214,17 @@ def routing_margin(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) 
     return top[..., c.top_k - 1] - top[..., c.top_k], jnp.sort(idx[..., :c.top_k], axis=-1)
 
 
-def route(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config) -> jax.Array:
+def route(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config, idx: jax.Array | None = None) -> jax.Array:
     """Expert weights [..., E], zero outside each token's top-k.
 
     softmax router: choose and weigh by softmax(logits + bias) (gpt-oss's router has a bias; Qwen's none).
     sigmoid router (DeepSeek-V3): choose by sigmoid(logits) + bias, weigh by sigmoid(logits).
     Then optionally renormalise the k weights to sum 1, and scale by routed_scale.
+    idx [..., k]: the experts, forced (a routing replay: another engine's choice), weighed as if chosen.
     """
     scores, choice = router_scores(x, router, bias, c)
-    _, idx = jax.lax.top_k(choice, c.top_k)  # [..., k]
+    if idx is None:
+        _, idx = jax.lax.top_k(choice, c.top_k)  # [..., k]
     w = jnp.take_along_axis(scores, idx, axis=-1)
     if c.norm_topk:  # router_eps: Muse's w / (sum + 1e-15)
         w = w / (jnp.sum(w, axis=-1, keepdims=True) + f32(c.router_eps))
@@ -314,7 +317,7 @@ def _mixer(h, p: dict, c: Config, layer: int, kc, vc, ctx: dict):
 
 def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
             k_cache: jax.Array, v_cache: jax.Array, want_taps: bool = False,
-            logit_index: jax.Array | None = None, fresh: bool = False, recipe=None, lengths=None):
+            logit_index: jax.Array | None = None, fresh: bool = False, recipe=None, lengths=None, experts=None):
     """Run T new tokens per row through every layer, writing their K/V into the cache.
 
     fresh: the tokens sit at positions 0..T-1 of an empty cache (a prefill from the start), so
@@ -330,7 +333,8 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
     layers (None without MoE). recipe (engines.base.Recipe, bf16 mode): the K/V and residual roundings an engine
     declared (the weights' own dtypes are set where they are placed). lengths [B]: how many of the T tokens are
     real in each row (None: all), where a recurrent (GDN) layer's state must stop; a GDN layer's entries in
-    k_cache / v_cache are its state (empty_cache).
+    k_cache / v_cache are its state (empty_cache). experts [M, B, T, k]: each MoE layer's experts forced (a
+    routing replay), and then routing's margins are forced_gap's gaps.
     """
     B, T = tokens.shape
     k_cache, v_cache = list(k_cache), list(v_cache)
@@ -364,9 +368,11 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
             out = swiglu(h, p["gate"][layer], p["up"][layer], p["down"][layer], c.mlp_act)
         else:
             m = layer - c.n_dense_layers
-            out = moe(h, p, m, c)
+            forced = None if experts is None else experts[m]
+            out = moe(h, p, m, c, forced)
             if want_taps:
-                routing.append(routing_margin(h, p["router"][m], p["router_bias"][m], c))
+                routing.append(routing_margin(h, p["router"][m], p["router_bias"][m], c) if forced is None
+                               else moe_forced_gap(h, p["router"][m], p["router_bias"][m], c, forced))
         stream.add_mlp(layer, out)
         if want_taps:
             taps.append(stream.tap().astype(f32))

@@ -15,11 +15,12 @@ from engines.reference import model as M
 MOE_POST_EPS = 1e-8
 
 
-def moe(x: jax.Array, p: dict, m: int, c: Config) -> jax.Array:
+def moe(x: jax.Array, p: dict, m: int, c: Config, experts: jax.Array | None = None) -> jax.Array:
     """Routed experts (every expert evaluated, weighted by route's sparse weights) + shared expert.
     expert_act "gptoss": biased projections and gptoss_glu; "situ" (K3): situ for the experts and the shared expert.
-    moe_latent (K3): the experts read x Wld and their weighted sum is normed and brought up by Wlu."""
-    gates = M.route(x, p["router"][m], p["router_bias"][m], c)  # [B, T, E]
+    moe_latent (K3): the experts read x Wld and their weighted sum is normed and brought up by Wlu.
+    experts [B, T, k]: the token's experts forced (a routing replay)."""
+    gates = M.route(x, p["router"][m], p["router_bias"][m], c, experts)  # [B, T, E]
     # Operands widened to float32 after rounding to the weight dtype: exactly the products of bf16
     # inputs with float32 accumulation (XLA on CPU has no bf16 x bf16 -> float32 batched contraction).
     wd = p["e_gate"][m].dtype
@@ -54,3 +55,14 @@ def moe(x: jax.Array, p: dict, m: int, c: Config) -> jax.Array:
             shared = shared * jax.nn.sigmoid(M.matmul(x, p["shared_gate"][m][:, None]))
         out = out + shared
     return out
+
+
+def forced_gap(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config,
+               idx: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(gap [...], experts [..., k]) for experts idx forced on the router (a routing replay): the largest choice
+    score outside idx minus the smallest inside (<= 0 where idx is the top-k), so a replay tells the other side of
+    a near-tie from a choice no rounding could make."""
+    s = M.router_scores(x, router, bias, c)[1]
+    inside = jnp.take_along_axis(s, idx, axis=-1).min(axis=-1)
+    chosen = jax.nn.one_hot(idx, c.n_experts, dtype=M.f32).sum(axis=-2) > 0
+    return jnp.where(chosen, -jnp.inf, s).max(axis=-1) - inside, jnp.sort(idx, axis=-1)

@@ -1,9 +1,11 @@
-"""score_topk on the reference: every continuation token scored by the prefill path, one forward pass a row."""
+"""score_topk on the reference: every continuation token scored by the prefill path, one forward pass a row; and a
+routing replay's forced experts in the shape its score pass takes."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from engines.base import Forced, call_groups, check_prompts, next_bucket, next_pow2
@@ -85,3 +87,12 @@ def _shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
     for p in prompts[1:]:
         n = next((j for j in range(n) if p[j] != first[j]), n)
     return max(n, 0)
+
+
+def forced_experts(c, e, T: int, Tb: int) -> jnp.ndarray:
+    """A routing replay's experts for one sequence ([M, T, k]) as forward takes them: [M, 1, Tb, k], zero-padded."""
+    e = np.asarray(e, np.int32)
+    if not c.n_moe_layers or e.shape != (c.n_moe_layers, T, c.top_k):
+        raise ModelError(f"forced experts for {T} tokens must be [{c.n_moe_layers}, {T}, {c.top_k}] (the model's "
+                         f"MoE layers, tokens, top-k), got {list(e.shape)}")
+    return jnp.asarray(np.pad(e[:, None], ((0, 0), (0, 0), (0, Tb - T), (0, 0))))

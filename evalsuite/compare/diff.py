@@ -8,8 +8,8 @@ The parts, in order (docs/verdicts.md, "What a PASS covers"):
    and splits its prefill as a benchmark makes it; prefix groups in calls of their own.
 3. Engine paths (coverage.py): what the engine says ran; a declared path never driven keeps the verdict off PASS.
 4. bf16: drift and logit scale against the reference's recipe, the recipe check against the engine's declared
-   recipe (recipe_check.py), routing near-ties on MoE models (routing.py), the engine's float32 build on the
-   fixed batches (build.py).
+   recipe (recipe_check.py), routing near-ties on MoE models (routing.py) replayed with the engine's own expert
+   choice where it reports it (replay.py), the engine's float32 build on the fixed batches (build.py).
 5. At the first real mismatch, bisection in the failing context, then alone (bisect.py).
 6. Batch invariance and determinism (invariance.py); `--require batch-invariance` makes it a condition; and the
    engine's checks on itself (Engine.self_checks: the megakernel's race detector in TPU interpret mode).
@@ -34,6 +34,7 @@ from evalsuite.compare import (
     invariance,
     metrics,
     recipe_check,
+    replay,
     routing,
     rule,
     text,
@@ -106,8 +107,7 @@ class _Run:
     recipe: object | None  # bf16: the reference in the engine's declared recipe (or its default)
     orders: object | None  # witness.OrderSpread
     eng: object
-    tol: rule.Tolerances
-    # the result's two lists, named as in its JSON
+    tol: rule.Tolerances  # then the result's two lists, named as in its JSON
     not_checked: list = field(default_factory=list)  # no PASS without it
     checks_not_possible: list = field(default_factory=list)  # said, blocks nothing
     per_prompt: list = field(default_factory=list)
@@ -295,8 +295,10 @@ def _drift_and_scale(run: _Run) -> tuple[dict, dict, dict | None]:
     ties = routing.routing_ties(run.per_prompt, run.margins, witness=run.recipe_real) if routed else None
     ns = [w["note"] for w in run.witnessed if not w["run"]]  # one a flagged prompt: each said once, counted
     run.not_checked += [n + (f" ({ns.count(n)} prompts)" if ns.count(n) > 1 else "") for n in dict.fromkeys(ns)]
-    if ties and ties["positions_not_judged"]:
-        run.not_checked.append(ties["note"])
+    if ties and ties["positions_not_judged"]:  # replayed with the engine's routing where it reports it (replay.py)
+        left = replay.judge_ties(run.ref, run.recipe, run.eng, [p for _, p in run.encoded],
+                                 [run.ref_tokens[i] for i in range(len(run.encoded))], run.per_prompt, run.tol, ties)
+        run.not_checked += [left] if left else []
     # drift over every position, routing near-ties included: its bulk leaves out the positions beyond the
     # per-position bound, its tail counts them (docs/rule.md, "bf16 drift")
     drift = rule.drift_check([v for _, v in sorted(run.drift_e.items())], [v for _, v in sorted(run.drift_r.items())],
@@ -344,8 +346,7 @@ def _verdict(run: _Run, part: dict, paths: dict, own: dict | None, t0: float,
     unchecked_drift = spec.dtype != "float32" and not drift["checked"]
     verdict = "FAIL" if failed else "INCONCLUSIVE" if unchecked_drift or run.not_checked else "PASS"
     out = {"verdict": verdict, **_figures(run, real, benign), "bf16_drift": drift, "bf16_logit_scale": scale,
-           "bf16_recipe": own,
-           "routing": None if ties is None else {k: v for k, v in ties.items() if k != "tied"},
+           "bf16_recipe": own, "routing": None if ties is None else {k: v for k, v in ties.items() if k != "tied"},
            "conditioning_witness": witness.summary(run.witnessed, spec.dtype),
            "checks_not_possible": run.checks_not_possible, "not_checked": run.not_checked,
            "engine_capabilities": caps.report(), "batching": part, "paths": paths, "engine_stats": run.eng.run_stats(),
@@ -355,8 +356,7 @@ def _verdict(run: _Run, part: dict, paths: dict, own: dict | None, t0: float,
            "versions": versions(), "spec": asdict(spec),
            "seconds": round(time.time() - t0, 1)}
     typed = {k: out.pop(k) for k in ("verdict", "engine", "model", "dtype", "fault", "prompts", "positions",
-                                      "real_mismatches", "benign_divergences", "prompts_identical",
-                                      "noise_tolerance")}
+                                      "real_mismatches", "benign_divergences", "prompts_identical", "noise_tolerance")}
     return DiffResult(**typed, not_checked=tuple(out.pop("not_checked")),
                       checks_not_possible=tuple(out.pop("checks_not_possible")),
                       failing_prompts=tuple(r["id"] for r in per_prompt if r["real_positions"]),
