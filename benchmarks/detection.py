@@ -43,6 +43,7 @@ from engines.megakernel import MegakernelEngine
 from engines.megakernel.faults import CATALOGUE, MODEL_NEEDS
 from engines.reference import ReferenceEngine
 from evalsuite.compare import batching, peers, recipe_check, rule
+from evalsuite.compare.replay import replay_all
 from evalsuite.compare.routing import routing_margins, routing_ties
 from evalsuite.compare.witness import Flagged, OrderSpread, SecondLook, with_witness
 from evalsuite.models import load_model
@@ -155,7 +156,14 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress, only_
                                                          if dtype != "float32" else None), tol, witnessed, orders)
             if judge.margins:  # as diff: real positions at the reference's routing near-ties are not judged
                 rt = routing_ties([rec], {0: judge.margins[c + i]}, judge.moved, {0: judge.recipe_real[c + i]})
-                detail["routing_not_judged"] = detail.get("routing_not_judged", 0) + rt["positions_not_judged"]
+                if rt["positions_not_judged"]:  # as diff: replayed with the engine's own expert choice
+                    replay_all(judge.engine, judge.own_recipe(eng) if eng.recipe != judge.declared else judge._same,
+                               eng, [(prompts[c + i][1], rg.token_ids, rec)], tol, rt["bound"])
+                    rp = rec.get("routing_replay") or {}
+                    detail["routing_replay_real"] = detail.get("routing_replay_real", 0) + len(rp.get("real", ()))
+                done = rec.get("routing_replay") or {}  # judged by the replay: cleared or real again
+                left = rt["positions_not_judged"] - len(done.get("cleared", ())) - len(done.get("real", ()))
+                detail["routing_not_judged"] = detail.get("routing_not_judged", 0) + left
             detail["real_positions"] += len(rec["real_positions"])
             if fault is None and rec["real_positions"]:  # a false alarm: which prompt, which positions
                 detail["flagged"][prompts[c + i][0]] = rec["real_positions"]
