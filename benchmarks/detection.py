@@ -89,6 +89,10 @@ class Judge:
             self.ensure(len(prompts))
             self.moved = max((float(np.max(mv)) for _, mv in self.margins if len(mv)), default=None)
 
+    def recipe_for(self, eng):
+        """The reference in eng's declared bf16 recipe: the run's (the declared one) or own_recipe's."""
+        return self.own_recipe(eng) if eng.recipe != self.declared else self._same
+
     def own_recipe(self, eng):
         """The reference in eng's declared bf16 recipe (diff's judge for its recipe check), built once."""
         if getattr(self, "_own", None) is None:
@@ -157,8 +161,8 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress, only_
             if judge.margins:  # as diff: real positions at the reference's routing near-ties are not judged
                 rt = routing_ties([rec], {0: judge.margins[c + i]}, judge.moved, {0: judge.recipe_real[c + i]})
                 if rt["positions_not_judged"]:  # as diff: replayed with the engine's own expert choice
-                    replay_all(judge.engine, judge.own_recipe(eng) if eng.recipe != judge.declared else judge._same,
-                               eng, [(prompts[c + i][1], rg.token_ids, rec)], tol, rt["bound"])
+                    replay_all(judge.engine, judge.recipe_for(eng), eng, [(prompts[c + i][1], rg.token_ids, rec)],
+                               tol, rt["bound"])
                     rp = rec.get("routing_replay") or {}
                     detail["routing_replay_real"] = detail.get("routing_replay_real", 0) + len(rp.get("real", ()))
                 done = rec.get("routing_replay") or {}  # judged by the replay: cleared or real again
