@@ -26,7 +26,8 @@ import numpy as np
 
 from engines.base import Forced
 from engines.errors import ModelError
-from evalsuite.compare import metrics, rule
+from evalsuite.compare import rule
+from evalsuite.compare.witness import own_error
 
 TOP_K = 5
 
@@ -42,13 +43,14 @@ def replay_all(ref, recipe, eng, cases: list[tuple], tol: rule.Tolerances, bound
     except ModelError as e:
         got = [e] * len(cases)
     for (prompt, tokens, rec), g in zip(cases, got):
-        judge(_replayed(ref, recipe, g, prompt, tokens) if not isinstance(g, Exception) else g, prompt, tokens, rec,
-              tol, bound)
+        judge(_replayed(ref, recipe, g, prompt, tokens), prompt, tokens, rec, tol, bound)
 
 
-def _replayed(ref, recipe, got: Forced, prompt, tokens):
+def _replayed(ref, recipe, got, prompt, tokens):
     """(the engine's record, the float32 reference's and its recipe's Scored) with got.routing forced; or the
-    ModelError that stopped it."""
+    ModelError that stopped it (got itself where forced_routing raised)."""
+    if isinstance(got, Exception):
+        return got
     try:
         if got.logits is None or got.routing is None:
             raise ModelError("the engine's forced_routing gave no full logits or no routing")
@@ -77,7 +79,7 @@ def judge(run, prompt, tokens, rec: dict, tol: rule.Tolerances, tie: float) -> d
     l32, l16 = np.asarray(r32.logits[at], np.float64), np.asarray(r16.logits[at], np.float64)
     # the replayed judge's own tokens: after another expert choice its top-1 may not be the track's token
     mine = l32.argmax(axis=-1)
-    own = (np.abs(l16 - l32).max(-1), metrics.kl(l32, l16))
+    own = own_error(l16, l32)  # the replayed recipe's (|Δlogit|, KL) from the replayed float32 reference
     again = rule.compare_prompt(mine, Forced.from_logits(l32, mine, TOP_K), got, None, tol, conditioning=own)
     bad = {j for j in ties if worst[j] > tie}
     real = sorted(bad | (set(ties) & set(again["real_positions"])))

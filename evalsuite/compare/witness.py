@@ -62,13 +62,13 @@ def judge_error(ref, prompt, rg, recipe, dtype: str) -> tuple[np.ndarray, np.nda
     against too. Raises ModelError where it cannot be measured."""
     if dtype == "float32":
         exact = ref.float64_logits(prompt, rg.token_ids)
-        return *_error(rg.logits, exact), exact
+        return *own_error(rg.logits, exact), exact
     if recipe is None or recipe.logits is None:
         raise ModelError("the reference's bf16 recipe gave no full logits for this prompt")
-    return *_error(recipe.logits, rg.logits), rg.logits
+    return *own_error(recipe.logits, rg.logits), rg.logits
 
 
-def _error(logits, against) -> tuple[np.ndarray, np.ndarray]:
+def own_error(logits, against) -> tuple[np.ndarray, np.ndarray]:
     """(|Δlogit|, KL) per position of logits from `against` (the judge's better answer)."""
     own = np.abs(np.asarray(logits, np.float64) - np.asarray(against, np.float64)).max(-1)
     return own, metrics.kl(against, logits)
@@ -106,7 +106,7 @@ class OrderSpread:
             # path, a third order again: 0.1-1 s on smollm2 against 12-14 s decoding the 32 tokens forced; the
             # permuting, 1.7-2.8 s an order, is most of the cost; all with a GSM8K run on the cores)
             logits = eng.score([seq])[0].logits[len(prompt) - 1:len(prompt) - 1 + n]
-            out.append(_error(logits, against))
+            out.append(own_error(logits, against))
             del eng
         return out
 
