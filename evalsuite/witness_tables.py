@@ -52,9 +52,10 @@ def drift_parts(root: Path) -> str:
             verdict = "not checked" if not r["checked"] else "ok" if r["ok"] else "FAIL"
             bulk = "" if r.get("ratio") is None else f"{r['ratio']:.3f}"
             rows.append([f.name.removeprefix("drift-parts-").removesuffix(".json"), str(len(k["recipe"])), who,
-                         f"{r['mean_ratio']:.3f}", f"{r['within']}/{r['positions']}", bulk,
+                         f"{r['mean_ratio']:.3f}", f"{t['bound']:.3g} ({t['bound_from']})",
+                         f"{r['within']}/{r['positions']}", bulk,
                          f"{t['engine_only']} vs {t['recipe_only']}", f"{t['p']:.2g}", verdict])
     return (_source(*(f"{RESULTS}/{f.name}" for f in files), how=" (`python -m benchmarks.drift_parts`)")
             + _table(["run", "prompts", "subject", "all-position mean ratio (the old check)",
-                      "positions within the bound", "bulk ratio", "beyond the bound on one side only (engine vs "
-                      "recipe)", "tail p", "drift check"], rows))
+                      "per-position bound (KL)", "positions within the bound", "bulk ratio",
+                      "beyond the bound on one side only (engine vs recipe)", "tail p", "drift check"], rows))

@@ -19,8 +19,8 @@ KL_TOL = {"float32": 2.5e-9, "bfloat16": 5.8e-3}  # 4.5x 5.5e-10; 1.5x 3.9e-3
 NOISE_TOL = {k: 2 * v for k, v in DLOGIT_TOL.items()}
 LOGPROB_TOL = {k: 2 * v for k, v in DLOGIT_TOL.items()}
 MIN_DRIFT_POSITIONS = 256  # a judgement call, not a measurement: below it a mean KL rests on too few positions
-# a judgement call too: a bulk that is a minority of the positions is not "everywhere" (on mini-muse and mini-kimi in
-# bf16, 12% and 24% of positions are within the bound: routing moves the rest; benchmarks/results/drift-parts-*.json)
+# a judgement call too: a bulk that is a minority of the positions is not "everywhere" (with the bound at the recipe's
+# own 90th percentile, only an engine beyond it far more often than the recipe leaves so few, and the tail sees that)
 MIN_DRIFT_WITHIN = 0.5
 SCALE_T = 6.0  # |t| of the mean over prompts: two-sided p ~ 1e-4 at 8 prompts (Student t, 7 df) if no error
 SCALE_FACTOR = 1.5  # as the other bf16 bounds: another bf16 engine rounds differently from the recipe
@@ -36,6 +36,13 @@ CONDITIONING_FACTOR = {"float32": 2.0, "bfloat16": 1.5}
 DRIFT_RATIO = 1.3
 # a position beyond the per-position bound is the per-position rule's: the bulk leaves it out on both sides
 DRIFT_CAP = {"kl": KL_TOL["bfloat16"], "logprob": LOGPROB_TOL["bfloat16"]}
+# ...unless the reference's own recipe is beyond it at more than a tenth of the positions (its ordinary noise on that
+# model, not the engine's): then the bound is the recipe's own 90th percentile on the same positions. KL_TOL was set
+# on smollm2, where the recipe's 90th percentile is below it; on mini-kimi and mini-muse it is 3.1 and 2.6 (routing
+# near-ties everywhere), and 76-88% of the positions lay beyond KL_TOL, so the drift was never checked there. The
+# null draws (3 seeds x 10 runs) do not FAIL at the 75th or the 90th percentile; the 90th keeps nine tenths of the
+# recipe's positions in the bulk (benchmarks/results/drift-parts-*.json, judged in docs/rule.md's table)
+DRIFT_CAP_QUANTILE = 0.9
 # the tail's significance, one-sided: the null draws' smallest p was 0.039 (mini-kimi, 15 vs 6 positions); 1e-4 as
 # SCALE_T's; positions of one sequence are not independent (a flip moves the next ones), so p is only a guide and
 # the effect bound (DRIFT_RATIO x the recipe's count) must hold too
@@ -267,7 +274,8 @@ def drift_check(engine_values: list[np.ndarray], recipe_values: list[np.ndarray]
                 measure: str = "kl") -> dict:
     """bf16 only: the engine's divergence from the float32 reference against the reference's own bf16 recipe's, on
     the same positions, in two parts (docs/rule.md, "bf16 drift"). The bulk: the mean over the positions where both
-    are within the per-position bound (DRIFT_CAP) against the recipe's mean there, at most DRIFT_RATIO: error
+    are within the per-position bound (DRIFT_CAP, or the recipe's own DRIFT_CAP_QUANTILE where that is larger)
+    against the recipe's mean there, at most DRIFT_RATIO: error
     everywhere under the bound, as a precision bug gives. The tail: the positions beyond the bound on one side only
     (an expert flipped at a near-tie, or a real mismatch); FAIL when the engine has them both significantly more
     often than the recipe (one-sided sign test, p < DRIFT_TAIL_P) and more than DRIFT_RATIO times as many. A
@@ -282,12 +290,15 @@ def drift_check(engine_values: list[np.ndarray], recipe_values: list[np.ndarray]
     if measure not in DRIFT_CAP:
         return {"checked": False, "positions": int(e.size),
                 "why": f"bf16 drift: the engine's and the recipe's records give different measures ({measure})"}
-    cap = DRIFT_CAP[measure]
+    cap, cap_from = DRIFT_CAP[measure], "the per-position bound"
+    if r.size and float(np.quantile(r, DRIFT_CAP_QUANTILE)) > cap:
+        cap, cap_from = float(np.quantile(r, DRIFT_CAP_QUANTILE)), f"the recipe's {DRIFT_CAP_QUANTILE:.0%} quantile"
     within = (e <= cap) & (r <= cap)
     only_e, only_r = int(((e > cap) & (r <= cap)).sum()), int(((r > cap) & (e <= cap)).sum())
     n_e, n_r = int((e > cap).sum()), int((r > cap).sum())
     p = _binomial_tail(only_e, only_e + only_r)
-    tail = {"bound": cap, "engine_beyond": n_e, "recipe_beyond": n_r, "engine_only": only_e, "recipe_only": only_r,
+    tail = {"bound": cap, "bound_from": cap_from,
+            "engine_beyond": n_e, "recipe_beyond": n_r, "engine_only": only_e, "recipe_only": only_r,
             "p": p, "p_bound": DRIFT_TAIL_P, "ok": not (p < DRIFT_TAIL_P and n_e > DRIFT_RATIO * n_r)}
     out = {"positions": int(e.size), "measure": measure, "within": int(within.sum()), "tail": tail,
            "mean_ratio": float(e.mean() / max(r.mean(), 1e-30)) if e.size else None, "bound": DRIFT_RATIO}
@@ -307,9 +318,11 @@ def drift_check(engine_values: list[np.ndarray], recipe_values: list[np.ndarray]
 def drift_text(d: dict) -> str:
     """One line for a checked drift result: both parts, and which failed."""
     t = d["tail"]
+    where = f"{t['bound_from']}, {t['bound']:.3g}"
     bulk = (f"bulk {d['ratio']:.3g}x the recipe's mean over the {d['within']} of {d['positions']} positions within "
-            f"the per-position bound (bound {d['bound']})" if d.get("ratio") is not None else d.get("bulk_why", ""))
-    tail = (f"beyond it: the engine {t['engine_beyond']}, the recipe {t['recipe_beyond']} (one side only: "
+            f"the per-position bound ({where}; bound {d['bound']})" if d.get("ratio") is not None
+            else d.get("bulk_why", ""))
+    tail = (f"beyond it ({where}): the engine {t['engine_beyond']}, the recipe {t['recipe_beyond']} (one side only: "
             f"{t['engine_only']} vs {t['recipe_only']}, p {t['p']:.2g})")
     bad = [w for w, ok in (("bulk", d.get("ratio") is None or d["ratio"] <= d["bound"]), ("tail", t["ok"])) if not ok]
     return f"{bulk}; {tail}" + (f": {' and '.join(bad)} EXCEEDED" if bad else ": ok")
