@@ -36,6 +36,11 @@ def main(argv=None) -> int:
     ap.add_argument("--position", type=int, required=True, help="the flagged position (0-based generated token)")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--dump-sequence", default=None, metavar="JSON",
+                    help="write the prompt and the reference's tokens there (for benchmarks/hf_logits.py) and stop")
+    ap.add_argument("--peer", action="append", default=[], metavar="NAME=NPZ",
+                    help="another float32 implementation's logits along the same sequence (benchmarks/hf_logits.py's "
+                         "output), measured as one more row")
     a = ap.parse_args(argv)
     if a.out and not Path(a.out).parent.is_dir():
         print(f"error: --out {a.out}: no directory {Path(a.out).parent}", file=sys.stderr)
@@ -75,14 +80,35 @@ def main(argv=None) -> int:
     if j >= len(T):
         print(f"error: --position {j}: the reference stopped after {len(T)} tokens", file=sys.stderr)
         return 2
+    if a.dump_sequence:
+        Path(a.dump_sequence).write_text(json.dumps({"model": a.model, "prompt_id": a.prompt, "prompt": list(P),
+                                                     "tokens": list(T)}))
+        print(f"wrote {a.dump_sequence}")
+        return 0
+    peers = []
+    for spec in a.peer:
+        name, _, path = spec.partition("=")
+        try:
+            peers.append((name, np.load(path)["logits"]))
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: --peer {spec}: {e}", file=sys.stderr)
+            return 2
+        if peers[-1][1].shape[0] != len(T):
+            print(f"error: --peer {spec}: {peers[-1][1].shape[0]} positions, the reference has {len(T)}",
+                  file=sys.stderr)
+            return 2
     exact = np.asarray(ref.float64_logits(P, T), np.float64)
     rows: list[dict] = []
+
+    record = np.asarray(g[k].logits, np.float64)
 
     def measure(who: str, path: str, logits) -> None:
         x = np.asarray(logits, np.float64)
         dl, kl = np.abs(x - exact).max(-1), metrics.kl(exact, x)
         rows.append({"engine": who, "path": path, "dlogit": float(dl[j]), "kl": float(kl[j]),
-                     "median_dlogit": float(np.median(dl))})
+                     "median_dlogit": float(np.median(dl)),  # and what diff's rule sees: the distance from the record
+                     "from_record_dlogit": float(np.abs(x[j] - record[j]).max()),
+                     "from_record_kl": float(metrics.kl(record[j:j + 1], x[j:j + 1])[0])})
         print(f"{who:10s} {path:26s} |Δlogit| {dl[j]:.3g}  KL {kl[j]:.3g}  (prompt's median |Δlogit| "
               f"{np.median(dl):.2g})", flush=True)
 
@@ -105,8 +131,14 @@ def main(argv=None) -> int:
     measure("reference", "score, alone", ref.score([seq])[0].logits[span])
     for s in ORDER_SEEDS:
         measure("reference", f"score, order {s}", judge(m, "float32", order_seed=s).score([seq])[0].logits[span])
-    worst = {w: max(r["dlogit"] for r in rows if r["engine"] == w) for w in ("reference", "megakernel")}
-    worst_kl = {w: max(r["kl"] for r in rows if r["engine"] == w) for w in ("reference", "megakernel")}
+    for name, logits in peers:
+        measure(name, "full forward, alone", logits)
+    who_all = list(dict.fromkeys(r["engine"] for r in rows))
+    worst = {w: max(r["dlogit"] for r in rows if r["engine"] == w) for w in who_all}
+    worst_kl = {w: max(r["kl"] for r in rows if r["engine"] == w) for w in who_all}
+    # the witness diff applies where flags survive its float64 one: the worst of the record and the 4 orders
+    wit = [r for r in rows if r["path"].startswith(("record", "score, order"))]
+    witness = {"dlogit": max(r["dlogit"] for r in wit), "kl": max(r["kl"] for r in wit)}
     print(f"worst: reference {worst['reference']:.3g} (KL {worst_kl['reference']:.3g}), megakernel "
           f"{worst['megakernel']:.3g} (KL {worst_kl['megakernel']:.3g}): ratio "
           f"{worst['megakernel'] / worst['reference']:.2f} in |Δlogit|")
@@ -115,6 +147,7 @@ def main(argv=None) -> int:
             "benchmark": "f32_paths", "model": a.model, "weights_sha256": m.weights.sha256, "prompt": a.prompt,
             "position": j, "tokens": a.tokens, "order": "benchmarks/detection.py prompt_order (64 prompts, seed 0)",
             "companion_seeds": list(COMPANION_SEEDS), "rows": rows, "worst_dlogit": worst, "worst_kl": worst_kl,
+            "witness": witness, "peers": [n for n, _ in peers],
             "seconds": round(time.time() - t0, 1), "versions": versions()}, indent=1))
         print(f"wrote {a.out}")
     return 0

@@ -24,12 +24,17 @@ def f32_paths(root: Path) -> str:
             mine = [r for r in d["rows"] if r["engine"] == who]
             worst = max(mine, key=lambda r: r["dlogit"])
             ratio = "" if who == JUDGE else f"{d['worst_dlogit'][who] / d['worst_dlogit'][JUDGE]:.2f}x"
+            w = d["witness"]
+            far = max(mine, key=lambda r: r["from_record_dlogit"])
+            kl = max(r["from_record_kl"] for r in mine)
             rows.append([d["model"], f"{d['prompt']} position {d['position']}", who, str(len(mine)),
                          f"{_sci(worst['dlogit'])} ({worst['path']})", _sci(max(r["kl"] for r in mine)), ratio,
+                         f"{far['from_record_dlogit'] / w['dlogit']:.2f}x, {(kl / w['kl']) ** 0.5:.2f}x",
                          _sci(mine[0]["median_dlogit"])])
     return (_source(*(f"{RESULTS}/{f.name}" for f in files), how=" (`python -m benchmarks.f32_paths`)")
             + _table(["model", "position", "engine", "paths", "worst abs Δlogit from float64 (its path)", "worst KL",
-                      "worst / the judge's worst", "the prompt's median abs Δlogit"], rows))
+                      "worst / the judge's worst", "farthest from the judge's record / the witness (abs Δlogit, "
+                      "√KL; diff clears up to CONDITIONING_FACTOR)", "the prompt's median abs Δlogit"], rows))
 
 
 DRIFT_PARTS = "drift-parts-*.json"

@@ -63,3 +63,11 @@ def test_drift_parts_refuses_bad_input_in_one_line():
         p = subprocess.run([sys.executable, "-m", "benchmarks.drift_parts", *args], capture_output=True, text=True,
                            timeout=300)
         assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and why in p.stderr, (args, p.stderr)
+
+
+def test_f32_oracle_witness_refuses_bad_input_in_one_line():
+    for args, why in ((["--models", "nope"], "no committed oracle for nope"),
+                      (["--out", "/nonexistent/x.json"], "no directory")):
+        p = subprocess.run([sys.executable, "-m", "benchmarks.f32_oracle_witness", *args], capture_output=True,
+                           text=True, timeout=300)
+        assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and why in p.stderr, (args, p.stderr)

@@ -25,10 +25,17 @@ MIN_DRIFT_WITHIN = 0.5
 SCALE_T = 6.0  # |t| of the mean over prompts: two-sided p ~ 1e-4 at 8 prompts (Student t, 7 df) if no error
 SCALE_FACTOR = 1.5  # as the other bf16 bounds: another bf16 engine rounds differently from the recipe
 MIN_SCALE_PROMPTS = 8
-# the widening per unit of the judge's own error at a flagged position (see CONDITIONING). float32: the engine may
-# be as far from exact as the judge, on the other side. bfloat16: another bf16 engine rounds differently from the
-# recipe, the factor of every other bf16 bound.
-CONDITIONING_FACTOR = {"float32": 2.0, "bfloat16": 1.5}
+# the widening per unit of the judge's own error at a flagged position (see CONDITIONING). float32: measured on
+# correct float32 implementations that are not the engine judged, at the two positions where a faithful engine was
+# flagged: transformers' own float32 code at mini-qwen-hybrid's gen-0359-raw-numbers position 3 is 2.22x the
+# witness from the judge's record (√KL; 2.20x in |Δlogit|), as far from float64 as the megakernel there (6.6e-4),
+# and the reference's own decode path run alone is 2.04x at mini-kimi's gen-0784-chat position 8
+# (benchmarks/results/f32-paths-*.json). The old factor, 2 (the premise that a correct engine is no farther from
+# exact than the judge's worst draw), would flag both; 3 leaves 1.35x above the larger. Over the oracle runs' 720
+# positions, where the witness is largest (each model's tenth) transformers stays within 1.5x
+# (benchmarks/results/f32-oracle-witness.json). bfloat16: another bf16 engine rounds differently from the recipe,
+# the factor of every other bf16 bound.
+CONDITIONING_FACTOR = {"float32": 3.0, "bfloat16": 1.5}
 # bf16 drift (drift_check). The bulk's bound: the reference's own recipe in other summation orders (null draws,
 # engines.weights.permuted, 3 seeds) measured 0.955-1.196 against it on 9 models x 16-32 prompts, the largest on
 # mini-moe whose bulk KLs are ~1e-8; bf16_residual 1.20-2.04 on 7 of them (benchmarks/drift_parts.py,
