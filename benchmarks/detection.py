@@ -162,7 +162,7 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress, only_
                 rt = routing_ties([rec], {0: judge.margins[c + i]}, judge.moved, {0: judge.recipe_real[c + i]})
                 if rt["positions_not_judged"]:  # as diff: replayed with the engine's own expert choice
                     replay_all(judge.engine, judge.recipe_for(eng), eng, [(prompts[c + i][1], rg.token_ids, rec)],
-                               tol, rt["bound"])
+                               tol, rt["bound"], orders)
                     rp = rec.get("routing_replay") or {}
                     detail["routing_replay_real"] = detail.get("routing_replay_real", 0) + len(rp.get("real", ()))
                 done = rec.get("routing_replay") or {}  # judged by the replay: cleared or real again

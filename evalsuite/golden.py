@@ -22,6 +22,7 @@ from evalsuite.compare import coverage, rule
 from evalsuite.compare.replay import judge_ties
 from evalsuite.compare.routing import routing_margins, routing_ties
 from evalsuite.compare.rule import Tolerances, compare_prompt
+from evalsuite.compare.witness import OrderSpread
 from evalsuite.errors import SpecError
 from evalsuite.models import load_model
 from evalsuite.prompts import load_prompts
@@ -194,7 +195,9 @@ def _bf16_checks(model, eng, prompts, conts, judges, forced, recs, tol) -> tuple
         "checked": False, "why": "bf16 logit-scale check (rule.SCALE): the engine gives no full logits"}
     routing = _routing_ties(ref, recipe, prompts, conts, own_recs, recs) if model.config.n_moe_layers else None
     if routing and routing["positions_not_judged"]:  # replayed with the engine's own routing where it reports it
-        routing["left"] = judge_ties(ref, recipe, eng, prompts, conts, recs, tol, routing)
+        orders = OrderSpread(lambda seed: judge(model, "bfloat16", order_seed=seed, recipe=eng.recipe),
+                             model.weights.nbytes)
+        routing["left"] = judge_ties(ref, recipe, eng, prompts, conts, recs, tol, routing, orders)
     return drift, scale, routing
 
 

@@ -296,8 +296,8 @@ def _drift_and_scale(run: _Run) -> tuple[dict, dict, dict | None]:
     ns = [w["note"] for w in run.witnessed if not w["run"]]  # one a flagged prompt: each said once, counted
     run.not_checked += [n + (f" ({ns.count(n)} prompts)" if ns.count(n) > 1 else "") for n in dict.fromkeys(ns)]
     if ties and ties["positions_not_judged"]:  # replayed with the engine's routing where it reports it (replay.py)
-        left = replay.judge_ties(run.ref, run.recipe, run.eng, [p for _, p in run.encoded],
-                                 [run.ref_tokens[i] for i in range(len(run.encoded))], run.per_prompt, run.tol, ties)
+        left = replay.judge_ties(run.ref, run.recipe, run.eng, [p for _, p in run.encoded], [run.ref_tokens[i] for i in
+                                 range(len(run.encoded))], run.per_prompt, run.tol, ties, run.orders)
         run.not_checked += [left] if left else []
     # drift over every position, routing near-ties included: its bulk leaves out the positions beyond the
     # per-position bound, its tail counts them (docs/rule.md, "bf16 drift")

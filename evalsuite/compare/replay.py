@@ -22,20 +22,23 @@ takes ranks 2..k+1 there looks like rounding). Where the engine reports no routi
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from engines.base import Forced
 from engines.errors import ModelError
 from evalsuite.compare import rule
-from evalsuite.compare.witness import own_error
+from evalsuite.compare.witness import ORDER_SEEDS, own_error
 
 TOP_K = 5
 
 
-def replay_all(ref, recipe, eng, cases: list[tuple], tol: rule.Tolerances, bound: float) -> None:
+def replay_all(ref, recipe, eng, cases: list[tuple], tol: rule.Tolerances, bound: float, orders=None) -> None:
     """cases: (prompt ids, tokens, rec) of the prompts whose rec["routing_ties"] is not empty. The engine's routing
     along them is asked for in one call, the reference and its recipe replayed with it, and each rec judged (edited,
-    see judge); bound: routing.py's near-tie bound of this run."""
+    see judge); bound: routing.py's near-tie bound of this run; orders: the recipe in other reduction orders
+    (witness.OrderSpread), replayed too where the engine's logits stay beyond the one recipe's."""
     if not cases:
         return
     try:
@@ -43,7 +46,7 @@ def replay_all(ref, recipe, eng, cases: list[tuple], tol: rule.Tolerances, bound
     except ModelError as e:
         got = [e] * len(cases)
     for (prompt, tokens, rec), g in zip(cases, got):
-        judge(_replayed(ref, recipe, g, prompt, tokens), prompt, tokens, rec, tol, bound)
+        judge(_replayed(ref, recipe, g, prompt, tokens), prompt, tokens, rec, tol, bound, orders)
 
 
 def _replayed(ref, recipe, got, prompt, tokens):
@@ -60,11 +63,13 @@ def _replayed(ref, recipe, got, prompt, tokens):
         return e
 
 
-def judge(run, prompt, tokens, rec: dict, tol: rule.Tolerances, tie: float) -> dict:
+def judge(run, prompt, tokens, rec: dict, tol: rule.Tolerances, tie: float, orders=None) -> dict:
     """rec's routing-tied positions (rec["routing_ties"], along tokens: the reference's greedy track or a golden
     file's) judged with the engine's routing replayed (run: _replayed's triple, or the error that stopped it); rec is
     edited: a position found real goes back into rec["real_positions"] (and rec["token_mismatches"] where the
-    engine's argmax differs there), and rec["routing_replay"] says what was measured. tie: the near-tie bound."""
+    engine's argmax differs there), and rec["routing_replay"] says what was measured. tie: the near-tie bound.
+    orders: where a position's logits stay beyond the one replayed recipe's error, the same recipe in other
+    reduction orders is replayed as well and the witness is the worst of them, as the conditioning witness does."""
     ties = list(rec.get("routing_ties") or ())
     if isinstance(run, Exception):
         rec["routing_replay"] = {"run": False, "why": str(run), "positions": ties}
@@ -80,8 +85,15 @@ def judge(run, prompt, tokens, rec: dict, tol: rule.Tolerances, tie: float) -> d
     # the replayed judge's own tokens: after another expert choice its top-1 may not be the track's token
     mine = l32.argmax(axis=-1)
     own = own_error(l16, l32)  # the replayed recipe's (|Δlogit|, KL) from the replayed float32 reference
-    again = rule.compare_prompt(mine, Forced.from_logits(l32, mine, TOP_K), got, None, tol, conditioning=own)
+    track = Forced.from_logits(l32, mine, TOP_K)
+    again = rule.compare_prompt(mine, track, got, None, tol, conditioning=own)
     bad = {j for j in ties if worst[j] > tie}
+    spread = {"run": False, "why": "the one replayed recipe cleared every position its logits could"}
+    if (set(ties) & set(again["real_positions"])) - bad:
+        spread = _other_orders(orders, prompt, tokens, l32, got.routing)
+        if spread["run"]:
+            own = (np.maximum.reduce([own[0], *spread.pop("errors")]), np.maximum.reduce([own[1], *spread.pop("kl")]))
+            again = rule.compare_prompt(mine, track, got, None, tol, conditioning=own)
     real = sorted(bad | (set(ties) & set(again["real_positions"])))
     rec["real_positions"] = sorted(set(rec["real_positions"]) | set(real))
     rec["token_mismatches"] = sorted(set(rec["token_mismatches"]) | (set(real) & set(again["token_mismatches"])))
@@ -92,10 +104,22 @@ def judge(run, prompt, tokens, rec: dict, tol: rule.Tolerances, tie: float) -> d
     rec["routing_replay"] = {
         "run": True, "positions": ties, "cleared": sorted(set(ties) - set(real)), "real": real,
         "beyond_tie": sorted(bad), "tie_bound": tie, "engine_flips": int((r32.routing_gaps > 0).sum()),
-        "neither_choice": int((gaps > 0).sum()),
+        "neither_choice": int((gaps > 0).sum()), "other_orders": spread,
         "at": {int(j): {"largest_gap_so_far": float(worst[j]), "kl": _kl(again, j), "kl_bound": float(bounds["kl"][j]),
                         "recipe_kl": float(own[1][j])} for j in ties}}
     return rec["routing_replay"]
+
+
+def _other_orders(orders, prompt, tokens, l32, experts) -> dict:
+    """The replayed recipe in witness.ORDER_SEEDS' other reduction orders, each with the engine's experts forced:
+    {"run": True, "errors": [|Δlogit|], "kl": [KL]} from the replayed float32 reference l32, or why it did not run."""
+    if orders is None:
+        return {"run": False, "why": "no other reduction order was given to this run"}
+    try:
+        errs = orders.errors(prompt, SimpleNamespace(token_ids=[int(t) for t in tokens]), l32, experts=experts)
+    except ModelError as e:
+        return {"run": False, "why": str(e)}
+    return {"run": True, "seeds": list(ORDER_SEEDS), "errors": [e[0] for e in errs], "kl": [e[1] for e in errs]}
 
 
 def _kl(rec: dict, j: int) -> float | None:
@@ -134,11 +158,12 @@ def note(records: list[dict], bound: float) -> str | None:
             + ": a correct bf16 engine may route them to other experts, so they are not judged")
 
 
-def judge_ties(ref, recipe, eng, prompts, tracks, records: list[dict], tol: rule.Tolerances, ties: dict) -> str | None:
+def judge_ties(ref, recipe, eng, prompts, tracks, records: list[dict], tol: rule.Tolerances, ties: dict,
+               orders=None) -> str | None:
     """routing.routing_ties' positions not judged (in records), replayed where the engine reports its routing
     (Capabilities.routing); ties gains "replay", the summary. Returns what stays not judged, one line, or None."""
     cases = [(p, t, r) for p, t, r in zip(prompts, tracks, records) if r and r.get("routing_ties")]
     if eng.capabilities.routing:
-        replay_all(ref, recipe, eng, cases, tol, ties["bound"])
+        replay_all(ref, recipe, eng, cases, tol, ties["bound"], orders)
     ties["replay"] = summary(records)
     return note(records, ties["bound"])

@@ -92,21 +92,24 @@ class OrderSpread:
             self.kept[seed] = eng
         return eng
 
-    def errors(self, prompt, rg, against) -> list[tuple[np.ndarray, np.ndarray]]:
+    def errors(self, prompt, rg, against, experts=None) -> list[tuple[np.ndarray, np.ndarray]]:
         """(|Δlogit|, KL) per position from `against` (judge_error's) for each seed of ORDER_SEEDS, along the
-        reference's tokens. Raises ModelError past the cap."""
+        reference's tokens (rg: anything with token_ids). experts (the routing replay): each MoE layer's expert
+        choice forced, [M, len(prompt) + n - 1, k], as ReferenceEngine.score takes it. Raises ModelError past the
+        cap."""
         if self.prompts >= ORDER_PROMPTS:
             raise ModelError(f"the other reduction orders run on at most {ORDER_PROMPTS} flagged prompts a run")
         self.prompts += 1
-        seq, n = list(prompt) + list(rg.token_ids), len(rg.token_ids)
+        n = len(rg.token_ids)
+        seq = list(prompt) + list(rg.token_ids) if experts is None else list(prompt) + list(rg.token_ids)[:-1]
         out = []
         for seed in ORDER_SEEDS:
             eng = self.judge(seed)
             # one full forward over prompt + the reference's tokens, the logits that predict each token (the score
             # path, a third order again: 0.1-1 s on smollm2 against 12-14 s decoding the 32 tokens forced; the
             # permuting, 1.7-2.8 s an order, is most of the cost; all with a GSM8K run on the cores)
-            logits = eng.score([seq])[0].logits[len(prompt) - 1:len(prompt) - 1 + n]
-            out.append(own_error(logits, against))
+            scored = eng.score([seq])[0] if experts is None else eng.score([seq], experts=[experts])[0]
+            out.append(own_error(scored.logits[len(prompt) - 1:len(prompt) - 1 + n], against))
             del eng
         return out
 

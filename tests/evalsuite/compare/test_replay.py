@@ -49,12 +49,12 @@ def _rec():
     return {"routing_ties": list(TIED), "real_positions": [], "token_mismatches": [], "first_divergence": None}
 
 
-def _run(parts, got, routing=True):
+def _run(parts, got, routing=True, orders=None):
     model, ent, ref, recipe, _ = parts
     rec = _rec()
     ties = {"bound": 0.03, "positions_not_judged": len(TIED)}  # routing.py's on this golden file: 0.0338
     left = replay.judge_ties(ref, recipe, _Reports([got], routing), [ent["prompt_token_ids"]], [ent["token_ids"]],
-                             [rec], rule.Tolerances.for_dtype("bfloat16"), ties)
+                             [rec], rule.Tolerances.for_dtype("bfloat16"), ties, orders)
     return rec, ties, left
 
 
@@ -112,3 +112,35 @@ def test_inconclusive_without_a_routing_report(parts):
     rec, ties, left = _run(parts, err)  # a report that failed: said, not judged
     assert rec["routing_replay"] == {"run": False, "why": str(err), "positions": list(TIED)}
     assert "the server gives no routing" in left
+
+
+def test_the_recipes_other_orders_widen_the_replay_as_they_widen_the_witness(parts):
+    """Where the engine's logits stay beyond the one replayed recipe's error, the recipe in other reduction orders
+    (witness.OrderSpread), each with the engine's experts forced, is the witness as well: an order as far off as
+    the engine clears the position; orders no farther off than the recipe leave it real."""
+    from types import SimpleNamespace
+
+    from evalsuite.compare.witness import ORDER_SEEDS, OrderSpread
+
+    _, ent, _, recipe, got = parts
+    j, P = TIED[0], len(ent["prompt_token_ids"])
+    logits = got.logits.copy()
+    logits[j, np.argsort(logits[j])[-2]] += 2.0  # the runner-up moved at the first tied position
+    seq = list(ent["prompt_token_ids"]) + list(ent["token_ids"][:-1])
+    seen = []
+
+    class Order:
+        def __init__(self, shift):
+            self.shift = shift
+
+        def score(self, seqs, want_taps=False, experts=None):
+            seen.append(experts is not None and np.array_equal(experts[0], got.routing))
+            x = np.array(recipe.score(seqs, experts=experts)[0].logits, np.float64)
+            x[P - 1 + j, np.argsort(x[P - 1 + j])[-2]] += self.shift
+            return [SimpleNamespace(logits=x)]
+
+    for shift, real in ((2.5, []), (0.0, [j])):
+        rec, _, _ = _run(parts, replace(got, logits=logits), orders=OrderSpread(lambda seed, s=shift: Order(s)))
+        assert rec["real_positions"] == real and rec["routing_replay"]["other_orders"]["run"], (shift, rec)
+    assert len(seen) == 2 * len(ORDER_SEEDS) and all(seen)
+    assert len(seq) == got.routing.shape[1]
