@@ -29,15 +29,11 @@ ORACLE_DIR = Path(__file__).resolve().parents[1] / "tests" / "engines" / "oracle
 TOP_SHARE = 0.1  # the ill-conditioned positions: the tenth with the largest witness, per model
 
 
-def _logp(logits: np.ndarray) -> np.ndarray:
-    x = np.asarray(logits, np.float64)
-    top = x.max(-1, keepdims=True)
-    return x - top - np.log(np.exp(x - top).sum(-1, keepdims=True))
-
-
 def _top(logits, ids: np.ndarray) -> np.ndarray:
     """Log-probabilities at each position's top-5 ids (the oracle's)."""
-    return np.take_along_axis(_logp(logits), ids, -1)
+    from engines.base import log_softmax
+
+    return np.take_along_axis(log_softmax(np.asarray(logits, np.float64)), ids, -1)
 
 
 def _full(engine, prompt, tokens, ids) -> np.ndarray:

@@ -22,8 +22,6 @@ takes ranks 2..k+1 there looks like rounding). Where the engine reports no routi
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 
 from engines.base import Forced
@@ -90,9 +88,9 @@ def judge(run, prompt, tokens, rec: dict, tol: rule.Tolerances, tie: float, orde
     bad = {j for j in ties if worst[j] > tie}
     spread = {"run": False, "why": "the one replayed recipe cleared every position its logits could"}
     if (set(ties) & set(again["real_positions"])) - bad:
-        spread = _other_orders(orders, prompt, tokens, l32, got.routing)
-        if spread["run"]:
-            own = (np.maximum.reduce([own[0], *spread.pop("errors")]), np.maximum.reduce([own[1], *spread.pop("kl")]))
+        spread, errs = _other_orders(orders, prompt, tokens, l32, got.routing)
+        if errs:
+            own = tuple(np.maximum.reduce([o, *(e[i] for e in errs)]) for i, o in enumerate(own))
             again = rule.compare_prompt(mine, track, got, None, tol, conditioning=own)
     real = sorted(bad | (set(ties) & set(again["real_positions"])))
     rec["real_positions"] = sorted(set(rec["real_positions"]) | set(real))
@@ -110,16 +108,16 @@ def judge(run, prompt, tokens, rec: dict, tol: rule.Tolerances, tie: float, orde
     return rec["routing_replay"]
 
 
-def _other_orders(orders, prompt, tokens, l32, experts) -> dict:
+def _other_orders(orders, prompt, tokens, l32, experts) -> tuple[dict, list]:
     """The replayed recipe in witness.ORDER_SEEDS' other reduction orders, each with the engine's experts forced:
-    {"run": True, "errors": [|Δlogit|], "kl": [KL]} from the replayed float32 reference l32, or why it did not run."""
+    (what ran, or why not; each order's (|Δlogit|, KL) from the replayed float32 reference l32, [] if none ran)."""
     if orders is None:
-        return {"run": False, "why": "no other reduction order was given to this run"}
+        return {"run": False, "why": "no other reduction order was given to this run"}, []
     try:
-        errs = orders.errors(prompt, SimpleNamespace(token_ids=[int(t) for t in tokens]), l32, experts=experts)
+        errs = orders.errors(prompt, tokens, l32, experts=experts)
     except ModelError as e:
-        return {"run": False, "why": str(e)}
-    return {"run": True, "seeds": list(ORDER_SEEDS), "errors": [e[0] for e in errs], "kl": [e[1] for e in errs]}
+        return {"run": False, "why": str(e)}, []
+    return {"run": True, "seeds": list(ORDER_SEEDS)}, errs
 
 
 def _kl(rec: dict, j: int) -> float | None:

@@ -298,8 +298,9 @@ def drift_check(engine_values: list[np.ndarray], recipe_values: list[np.ndarray]
         return {"checked": False, "positions": int(e.size),
                 "why": f"bf16 drift: the engine's and the recipe's records give different measures ({measure})"}
     cap, cap_from = DRIFT_CAP[measure], "the per-position bound"
-    if r.size and float(np.quantile(r, DRIFT_CAP_QUANTILE)) > cap:
-        cap, cap_from = float(np.quantile(r, DRIFT_CAP_QUANTILE)), f"the recipe's {DRIFT_CAP_QUANTILE:.0%} quantile"
+    own = float(np.quantile(r, DRIFT_CAP_QUANTILE)) if r.size else 0.0
+    if own > cap:
+        cap, cap_from = own, f"the recipe's {DRIFT_CAP_QUANTILE:.0%} quantile"
     within = (e <= cap) & (r <= cap)
     only_e, only_r = int(((e > cap) & (r <= cap)).sum()), int(((r > cap) & (e <= cap)).sum())
     n_e, n_r = int((e > cap).sum()), int((r > cap).sum())

@@ -92,16 +92,15 @@ class OrderSpread:
             self.kept[seed] = eng
         return eng
 
-    def errors(self, prompt, rg, against, experts=None) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(|Δlogit|, KL) per position from `against` (judge_error's) for each seed of ORDER_SEEDS, along the
-        reference's tokens (rg: anything with token_ids). experts (the routing replay): each MoE layer's expert
-        choice forced, [M, len(prompt) + n - 1, k], as ReferenceEngine.score takes it. Raises ModelError past the
-        cap."""
+    def errors(self, prompt, tokens, against, experts=None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(|Δlogit|, KL) per position from `against` (judge_error's) for each seed of ORDER_SEEDS, along tokens
+        (the reference's). experts (the routing replay): each MoE layer's expert choice forced,
+        [M, len(prompt) + n - 1, k], as ReferenceEngine.score takes it. Raises ModelError past the cap."""
         if self.prompts >= ORDER_PROMPTS:
             raise ModelError(f"the other reduction orders run on at most {ORDER_PROMPTS} flagged prompts a run")
         self.prompts += 1
-        n = len(rg.token_ids)
-        seq = list(prompt) + list(rg.token_ids) if experts is None else list(prompt) + list(rg.token_ids)[:-1]
+        n = len(tokens)
+        seq = list(prompt) + [int(t) for t in (tokens if experts is None else tokens[:-1])]
         out = []
         for seed in ORDER_SEEDS:
             eng = self.judge(seed)
@@ -156,7 +155,7 @@ def with_witness(ref, case: Flagged, tol, witnessed: list, orders: OrderSpread |
             if tol.dtype == "float32" and len(again["real_positions"]) > F32_ORDER_MAX_FLAGS:
                 raise ModelError(f"{len(again['real_positions'])} float32 positions stay flagged, more than the "
                                  f"{F32_ORDER_MAX_FLAGS} isolated ones an ill-conditioned prompt has")
-            errs = orders.errors(prompt, rg, against)
+            errs = orders.errors(prompt, rg.token_ids, against)
         except ModelError as e:
             spread = {"run": False, "why": str(e)}
         else:

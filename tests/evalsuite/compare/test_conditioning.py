@@ -217,15 +217,12 @@ def test_the_other_orders_are_built_once_a_run_when_the_weights_are_small_enough
 
     toks, ref, _ = _records(2.0)
 
-    class Gen:
-        token_ids, logits = list(toks), ref.logits
-
     def builds(weight_bytes) -> list[int]:
         seeds: list[int] = []
         spread = witness.OrderSpread(lambda seed: seeds.append(seed) or _Order(np.array(ref.logits), []),
                                      weight_bytes)
         for _ in range(3):
-            assert len(spread.errors([1], Gen(), ref.logits)) == len(witness.ORDER_SEEDS)
+            assert len(spread.errors([1], list(toks), ref.logits)) == len(witness.ORDER_SEEDS)
         return seeds
 
     assert builds(witness.ORDER_KEEP_BYTES // len(witness.ORDER_SEEDS)) == list(witness.ORDER_SEEDS)
