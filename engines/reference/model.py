@@ -21,8 +21,8 @@ import jax.numpy as jnp
 
 from engines.config import Config
 from engines.reference import gdn, kda, mla, residual, rope
+from engines.reference.moe import forced_choice, moe
 from engines.reference.moe import forced_gap as moe_forced_gap
-from engines.reference.moe import moe
 
 f32 = jnp.float32  # the compute dtype: float64 only inside float64_math
 _EXACT = threading.Lock()
@@ -223,8 +223,8 @@ def route(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config, idx: jax.
     idx [..., k]: the experts, forced (a routing replay: another engine's choice), weighed as if chosen.
     """
     scores, choice = router_scores(x, router, bias, c)
-    if idx is None:
-        _, idx = jax.lax.top_k(choice, c.top_k)  # [..., k]
+    # [..., k]; a forced row of moe.FREE or moe.OTHER: the router's own choice or the other side of its near-tie
+    _, idx = jax.lax.top_k(choice, c.top_k) if idx is None else (None, forced_choice(choice, idx, c))
     w = jnp.take_along_axis(scores, idx, axis=-1)
     if c.norm_topk:  # router_eps: Muse's w / (sum + 1e-15)
         w = w / (jnp.sum(w, axis=-1, keepdims=True) + f32(c.router_eps))

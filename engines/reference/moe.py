@@ -13,6 +13,11 @@ from engines.reference import model as M
 
 # Muse Spark's post-expert norm eps (its config's post_eps, the same as its post-attention and post-FFN norms').
 MOE_POST_EPS = 1e-8
+# A routing replay's forced experts may hold one of these in place of a token's whole row of expert ids: FREE, the
+# router's own top-k there; OTHER, the other side of that token's near-tie (its k-th choice swapped for its
+# (k+1)-th). So the reference runs as a correct engine that rounded the other way at one token and chose freely
+# everywhere else (evalsuite/compare/flip.py).
+FREE, OTHER = -1, -2
 
 
 def moe(x: jax.Array, p: dict, m: int, c: Config, experts: jax.Array | None = None) -> jax.Array:
@@ -63,6 +68,15 @@ def forced_gap(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config,
     score outside idx minus the smallest inside (<= 0 where idx is the top-k), so a replay tells the other side of
     a near-tie from a choice no rounding could make."""
     s = M.router_scores(x, router, bias, c)[1]
+    idx = forced_choice(s, idx, c)
     inside = jnp.take_along_axis(s, idx, axis=-1).min(axis=-1)
     chosen = jax.nn.one_hot(idx, c.n_experts, dtype=M.f32).sum(axis=-2) > 0
     return jnp.where(chosen, -jnp.inf, s).max(axis=-1) - inside, jnp.sort(idx, axis=-1)
+
+
+def forced_choice(choice: jax.Array, idx: jax.Array, c: Config) -> jax.Array:
+    """idx [..., k] with its FREE and OTHER entries resolved against the choice scores [..., E]."""
+    top = jax.lax.top_k(choice, min(c.top_k + 1, c.n_experts))[1]
+    own = top[..., :c.top_k]
+    other = jnp.concatenate([top[..., :c.top_k - 1], top[..., c.top_k:]], axis=-1) if c.top_k < c.n_experts else own
+    return jnp.where(idx == FREE, own, jnp.where(idx == OTHER, other, idx))

@@ -169,7 +169,7 @@ def _judge_row(i: int, eg: Generation, n: int, call: str, lists, tol, tok, secon
             "engine_finish": eg.finish_reason, "real_positions": rec["real_positions"],
             "first_divergence": rec["first_divergence"], "max_dlogprob": rec["tf"]["max_dlogprob"],
             "versus_main_part": _versus_main(eg, mains[i]),
-            **{k: rec[k] for k in ("conditioning", "routing_note") if k in rec}}
+            **{k: rec[k] for k in ("conditioning", "routing_flip", "routing_note") if k in rec}}
 
 
 def run(eng, prompts: Sequence[Sequence[int]], ids: Sequence[str], tracks: Sequence[list[int]],

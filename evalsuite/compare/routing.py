@@ -13,7 +13,9 @@ import numpy as np
 # reference alone). benchmarks/calibrate_routing.py, 32 prompts x 32 tokens: the recipe moves the
 # margin by up to 0.016 (mini-moe) and 0.045 (mini-gptoss), and its own token flips sat at margins <= 0.0041
 # (mini-moe) and <= 0.06 (mini-gptoss). 1.5x, as the per-position bf16 bounds: another bf16 engine rounds
-# differently from the recipe.
+# differently from the recipe. float32 (compare/flip.py) takes the same factor over the reference's own float32 move
+# (its other reduction orders against it): mini-kimi's synthetic-prefix-4, the order move up to 4.7e-5, the token
+# the reference in another batch routed the other way at a margin of 1.5e-6; mini-moe's quick set, 1.4e-6 to 7.4e-6.
 ROUTING_TIE_FACTOR = 1.5
 
 

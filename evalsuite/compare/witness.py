@@ -20,7 +20,7 @@ import numpy as np
 
 from engines.base import Forced, Generation
 from engines.errors import ModelError
-from evalsuite.compare import metrics, rule
+from evalsuite.compare import flip, metrics, rule
 
 # bfloat16: at an ill-conditioned position the recipe's own error depends on its reduction order, which XLA's
 # tiling, the batch's shape or another kernel's tiling sets. At the two positions the 1,000-prompt false-alarm run
@@ -83,6 +83,8 @@ class OrderSpread:
 
     def __init__(self, build, weight_bytes: int | None = None):
         self.build, self.prompts, self.kept = build, 0, {}
+        self.moves: list[float] = []  # float32 routing moves measured on this run's prompts (compare/flip.py)
+        self.stood = 0  # prompts whose flags stood after compare/flip.py was tried
         self.keep = weight_bytes is not None and weight_bytes * len(ORDER_SEEDS) <= ORDER_KEEP_BYTES
 
     def judge(self, seed: int):
@@ -92,13 +94,22 @@ class OrderSpread:
             self.kept[seed] = eng
         return eng
 
+    def _count(self) -> None:
+        if self.prompts >= ORDER_PROMPTS:
+            raise ModelError(f"the other reduction orders run on at most {ORDER_PROMPTS} flagged prompts a run")
+        self.prompts += 1
+
+    def tapped(self, seq) -> list:
+        """Each order's teacher-forced forward over seq with taps (its routing margins: compare/flip.py's float32
+        near-tie bound). Raises ModelError past the cap."""
+        self._count()
+        return [self.judge(seed).score([list(seq)], want_taps=True)[0] for seed in ORDER_SEEDS]
+
     def errors(self, prompt, tokens, against, experts=None) -> list[tuple[np.ndarray, np.ndarray]]:
         """(|Δlogit|, KL) per position from `against` (judge_error's) for each seed of ORDER_SEEDS, along tokens
         (the reference's). experts (the routing replay): each MoE layer's expert choice forced,
         [M, len(prompt) + n - 1, k], as ReferenceEngine.score takes it. Raises ModelError past the cap."""
-        if self.prompts >= ORDER_PROMPTS:
-            raise ModelError(f"the other reduction orders run on at most {ORDER_PROMPTS} flagged prompts a run")
-        self.prompts += 1
+        self._count()
         n = len(tokens)
         seq = list(prompt) + [int(t) for t in (tokens if experts is None else tokens[:-1])]
         out = []
@@ -164,6 +175,8 @@ def with_witness(ref, case: Flagged, tol, witnessed: list, orders: OrderSpread |
             own_kl = np.maximum.reduce([own_kl, *(e[1] for e in errs)])
             again = rule.compare_prompt(rg.token_ids, track, fo, eg, tol, eos_ids=eos_ids,
                                         conditioning=(own, own_kl), ends=ends)
+    if tol.dtype == "float32" and again["real_positions"] and ref.config.n_moe_layers:
+        again = flip.judge(ref, orders, case, again, tol, (own, own_kl))  # the other side of a routing near-tie
     bounds = rule.position_bounds(tol, len(own), (own, own_kl))
     at = {int(j): {"judge_own_dlogit": float(own[j]), "judge_own_kl": float(own_kl[j]),
                    "dlogit_bound": float(bounds["dlogit"][j]), "kl_bound": float(bounds["kl"][j]),
@@ -174,7 +187,8 @@ def with_witness(ref, case: Flagged, tol, witnessed: list, orders: OrderSpread |
                              "cleared": sorted(set(flagged) - set(again["real_positions"])), "at": at,
                              "other_orders": {k: v for k, v in spread.items() if k != "dlogit"}}
     witnessed.append({"run": True, "flagged": len(flagged), "cleared": len(again["conditioning"]["cleared"]),
-                      "max_judge_own_dlogit": float(own[flagged].max()), "other_orders": spread["run"]})
+                      "max_judge_own_dlogit": float(own[flagged].max()), "other_orders": spread["run"],
+                      "routing_flip": len((again.get("routing_flip") or {}).get("cleared", ()))})
     return again
 
 

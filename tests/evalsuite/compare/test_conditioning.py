@@ -6,6 +6,7 @@ report says so."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -244,6 +245,8 @@ def test_in_float32_flags_the_float64_witness_leaves_are_judged_by_other_reducti
     exact[2, low] += 1e-5  # the reference itself 1e-5 from float64 there: the f64 witness alone clears nothing
 
     class Judge:
+        config = SimpleNamespace(n_moe_layers=0)  # a dense model: no routing near-tie to flip
+
         def float64_logits(self, prompt, tokens):
             return exact
 
@@ -278,6 +281,8 @@ def test_in_float32_a_prompt_with_many_flags_gets_no_other_orders():
     tol = Tolerances.for_dtype("float32")
 
     class Judge:
+        config = SimpleNamespace(n_moe_layers=0)  # a dense model: no routing near-tie to flip
+
         def float64_logits(self, prompt, tokens):
             return np.array(ref.logits, float)
 
