@@ -203,6 +203,7 @@ def judge_fault(judge: Judge, prompts, fault: str | None, model, progress, only_
             detail["logit_scale_t"] = sc.get("t")
     if witnessed:
         detail["witness_cleared"] = sum(w.get("cleared", 0) for w in witnessed)
+        detail["routing_flip_cleared"] = sum(w.get("routing_flip", 0) for w in witnessed)  # of them (compare/flip.py)
     return {"fault": fault, "dtype": dtype, "model": model.name, "first_caught": first, "prompts_taken": taken,
             "seconds": round(time.time() - t0, 1), **detail}
 

@@ -50,10 +50,8 @@ def run_text(r: dict) -> str:
         lines.append("  FAIL through the parity part: the engine's answers part from the judge's beyond the rule's "
                      "bounds (a bug, whatever the accuracy says)")
     lines += _parity_lines(r.get("parity"), r.get("judge_work"))
-    if r.get("settle"):
-        lines.append(f"  to settle it: {r['settle']}")
-    if r.get("shard_note"):
-        lines.append(f"  {r['shard_note']}")
+    lines += [f"  to settle it: {r['settle']}"] if r.get("settle") else []
+    lines += [f"  {r['shard_note']}"] if r.get("shard_note") else []
     if r.get("merged_from"):
         lines.append(f"  merged from {len(r['merged_from'])} shards: {', '.join(r['merged_from'])}")
     lines += [f"  warning: {w}" for w in r.get("warnings", [])]
@@ -396,4 +394,6 @@ def _witness_text(w: dict) -> str:
             f"error there ({w['measured']}: largest |Δlogit| {w['max_judge_own_dlogit'] or 0:.2e}); "
             f"{w['not_run']} prompt(s) not witnessed"
             + (f"; {w['prompts_with_other_orders']} prompt(s) also judged by the recipe's other reduction orders"
-               if w.get("prompts_with_other_orders") else ""))
+               if w.get("prompts_with_other_orders") else "")
+            + (f"; {w['routing_flip_cleared']} of the cleared against the reference on the other side of a float32 "
+               "routing near-tie" if w.get("routing_flip_cleared") else ""))

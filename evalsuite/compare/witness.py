@@ -56,6 +56,11 @@ WHAT = {"float32": "the reference's float32 math against its float64 math (where
                     f"worst of it and the same recipe in {len(ORDER_SEEDS)} other reduction orders)"}
 
 
+# float32 where float64 cannot run: the witness is the judge's own spread over ORDER_SEEDS (see _own_error)
+SPREAD_ONLY = (f"half the reference's largest float32 |Δlogit| from itself in {len(ORDER_SEEDS)} other reduction "
+               "orders (a quarter of the KL; no float64 here)")
+
+
 def judge_error(ref, prompt, rg, recipe, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(|Δlogit|, KL) per position of the judge's own error in this dtype (see WHAT), and the logits it is measured
     against (float32: the float64 ones; bfloat16: the float32 reference's), which the other orders are measured
@@ -66,6 +71,27 @@ def judge_error(ref, prompt, rg, recipe, dtype: str) -> tuple[np.ndarray, np.nda
     if recipe is None or recipe.logits is None:
         raise ModelError("the reference's bf16 recipe gave no full logits for this prompt")
     return *own_error(recipe.logits, rg.logits), rg.logits
+
+
+def _own_error(ref, case: Flagged, dtype: str, orders) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    """judge_error's, and what it measured. float32 where float64 cannot run (a TPU has no float64 matmul): the
+    judge's own spread instead, SPREAD_ONLY, on a prompt with at most F32_ORDER_MAX_FLAGS flags."""
+    try:
+        return *judge_error(ref, case.prompt, case.rg, case.recipe, dtype), WHAT[dtype]
+    except ModelError as e:
+        flags = len(case.rec["real_positions"])
+        if dtype != "float32" or orders is None or flags > F32_ORDER_MAX_FLAGS:
+            raise
+        why = e
+    try:
+        errs = orders.errors(case.prompt, case.rg.token_ids, case.rg.logits)
+    except ModelError as e:
+        raise ModelError(f"{why}; and no spread instead: {e}") from None
+    # max|Δlogit| between the judge and another order is at most the sum of their distances from float64, so half the
+    # largest is at most the larger of those, what the float64 witness with the orders takes: never wider than it
+    # (KL, near a squared distance, a quarter: so approximately)
+    return (np.maximum.reduce([d for d, _ in errs]) / 2, np.maximum.reduce([k for _, k in errs]) / 4,
+            np.asarray(case.rg.logits, np.float64), SPREAD_ONLY)
 
 
 def own_error(logits, against) -> tuple[np.ndarray, np.ndarray]:
@@ -148,7 +174,7 @@ def with_witness(ref, case: Flagged, tol, witnessed: list, orders: OrderSpread |
     prompt, rg, fo, eg, rec, eos_ids, ends = case.prompt, case.rg, case.fo, case.eg, case.rec, case.eos_ids, case.ends
     flagged = rec["real_positions"]
     try:
-        own, own_kl, against = judge_error(ref, prompt, rg, case.recipe, tol.dtype)
+        own, own_kl, against, measured = _own_error(ref, case, tol.dtype, orders)
     except ModelError as e:
         witnessed.append({"run": False, "why": str(e), "note": f"conditioning witness: not run ({e}); the flagged "
                           "positions may be ill-conditioned rather than wrong"})
@@ -159,7 +185,9 @@ def with_witness(ref, case: Flagged, tol, witnessed: list, orders: OrderSpread |
     again = rule.compare_prompt(rg.token_ids, track, fo, eg, tol, eos_ids=eos_ids, conditioning=(own, own_kl),
                                 ends=ends)
     spread: dict = {"run": False, "why": "the judge's own error cleared every flagged position"}
-    if again["real_positions"]:
+    if again["real_positions"] and measured == SPREAD_ONLY:
+        spread = {"run": False, "why": "the other orders are the witness itself here (no float64)"}
+    elif again["real_positions"]:
         try:
             if orders is None:
                 raise ModelError("no other reduction order was given to this run")
@@ -183,11 +211,12 @@ def with_witness(ref, case: Flagged, tol, witnessed: list, orders: OrderSpread |
                    "still_flagged": j in again["real_positions"]} for j in flagged}
     for j in at if spread["run"] else ():  # each order's own |Δlogit| there
         at[j]["orders_dlogit"] = [float(d[j]) for d in spread["dlogit"]]
-    again["conditioning"] = {"run": True, "measured": WHAT[tol.dtype],
+    again["conditioning"] = {"run": True, "measured": measured,
                              "cleared": sorted(set(flagged) - set(again["real_positions"])), "at": at,
                              "other_orders": {k: v for k, v in spread.items() if k != "dlogit"}}
     witnessed.append({"run": True, "flagged": len(flagged), "cleared": len(again["conditioning"]["cleared"]),
                       "max_judge_own_dlogit": float(own[flagged].max()), "other_orders": spread["run"],
+                      "measured": measured,
                       "routing_flip": len((again.get("routing_flip") or {}).get("cleared", ()))})
     return again
 
@@ -203,7 +232,8 @@ def summary(witnessed: list[dict], dtype: str) -> dict:
             "positions_cleared": sum(w["cleared"] for w in ran),
             "max_judge_own_dlogit": max((w["max_judge_own_dlogit"] for w in ran), default=None),
             "prompts_with_other_orders": sum(w["other_orders"] for w in ran),
-            "measured": WHAT[dtype],
+            "routing_flip_cleared": sum(w["routing_flip"] for w in ran),  # compare/flip.py
+            "measured": "; ".join(dict.fromkeys(w.get("measured", WHAT[dtype]) for w in ran)) or WHAT[dtype],
             "rule": f"a flagged {dtype} position is bounded by max(DLOGIT_TOL, {f:g}e) and max(KL_TOL, {f * f:g}k), e "
                     f"and k the judge's own |Δlogit| and KL there ({WHAT[dtype]}; evalsuite/compare/rule.py)"}
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from engines.base import Forced
+from engines.errors import ModelError
 from evalsuite.compare.diff import DiffSpec, run_diff
 from evalsuite.compare.rule import CONDITIONING_FACTOR, Tolerances, compare_prompt
 
@@ -322,3 +323,44 @@ def test_the_float32_factor_covers_correct_implementations_that_are_not_the_engi
                 assert ratio <= CONDITIONING_FACTOR["float32"], (d["model"], r)
                 worst = max(worst, ratio)
     assert worst > 2.0  # measured 2.22 (transformers on mini-qwen-hybrid)
+
+
+def test_where_float64_cannot_run_half_the_judges_own_order_spread_is_the_float32_witness():
+    """On a TPU (no float64 matmul) the float32 witness is the reference's spread over its other reduction orders,
+    halved (never wider than the float64 witness with the orders: the triangle inequality). PASS where an order is
+    far enough off, FAIL where every order is as close as the reference, and the flags stand, said, on a prompt with
+    more flags than an ill-conditioned one has."""
+    from evalsuite.compare import witness
+
+    toks, ref, eng = _records(2e-3)  # the engine moved position 2 by 2e-3 (bound 8e-4)
+    tol = Tolerances.for_dtype("float32")
+    low = int(np.argsort(ref.logits[2])[10])
+
+    class Judge:
+        config = SimpleNamespace(n_moe_layers=0)
+
+        def float64_logits(self, prompt, tokens):
+            raise ModelError("TPUs have no float64 matmul")
+
+    class Gen:
+        token_ids, logits = list(toks), ref.logits
+
+        def track(self):
+            return ref
+
+    def judged(order_shift, rec=None):
+        rec = rec or compare_prompt(toks, ref, eng, None, tol)
+        order = np.array(ref.logits, float)
+        order[2, low] += order_shift
+        out = witness.with_witness(Judge(), witness.Flagged([1], Gen(), eng, None, rec), tol, [],
+                                   witness.OrderSpread(lambda seed: _Order(order, [])))
+        return out["real_positions"], out["conditioning"]
+
+    got, cond = judged(1.5e-3)  # half of it, 7.5e-4, x 3 covers the engine's 2e-3
+    assert got == [] and cond["measured"] == witness.SPREAD_ONLY
+    assert judged(1e-3)[0] == [2]  # 3 x 5e-4 does not
+    moved = np.array(ref.logits, float)
+    moved[:, low] += 2e-3  # every position moved: a bug, not an ill-conditioned position
+    rec = compare_prompt(toks, ref, Forced.from_logits(moved, toks, 5), None, tol)
+    got, cond = judged(1.5e-3, rec)
+    assert got == rec["real_positions"] and not cond["run"] and "float64" in cond["why"]
