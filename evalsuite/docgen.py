@@ -27,7 +27,7 @@ from evalsuite.doctables import (
 from evalsuite.interop_tables import interop_capabilities, interop_commands
 from evalsuite.speed_tables import decode_figures, judge_peak_figures, judge_profile_figures, spec_figures
 from evalsuite.tpu_tables import megakernel_diffs, megakernel_runs, seed_minis, tpu_roofline, tpu_runs, tpu_vmem
-from evalsuite.witness_tables import drift_parts, f32_paths
+from evalsuite.witness_tables import drift_parts, f32_paths, order_spread
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout this module sits in (an editable install)
 BLOCK = re.compile(r"<!-- generated: (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- /generated -->", re.S)
@@ -73,6 +73,7 @@ TABLES = (
     Table("megakernel-runs", "docs/tpu.md", megakernel_runs),
     Table("f32-paths", "docs/faults.md", f32_paths),
     Table("drift-parts", "docs/rule.md", drift_parts),
+    Table("order-spread", "docs/rule.md", order_spread),
 )
 
 

@@ -64,3 +64,31 @@ def drift_parts(root: Path) -> str:
             + _table(["run", "prompts", "subject", "all-position mean ratio (the old check)",
                       "per-position bound (KL)", "positions within the bound", "bulk ratio",
                       "beyond the bound on one side only (engine vs recipe)", "tail p", "drift check"], rows))
+
+
+ORDER_SPREAD = "order-spread-*.json"
+
+
+def order_spread(root: Path) -> str:
+    """benchmarks/order_spread.py: held-out draws of the judge's own rounding against the witness's worst."""
+    files = sorted((root / RESULTS).glob(ORDER_SPREAD))
+    if not files:
+        return f"not measured: no `{RESULTS}/{ORDER_SPREAD}`.\n"
+    rows = []
+    for f in files:
+        d = json.loads(f.read_text("utf-8"))
+        s = d["summary"]
+        a, ill = s["all"], s["ill_conditioned"]
+        rows.append([d["model"], d["dtype"], str(len(d["prompts"])), f"{a['n']:,}",
+                     f"{a['sqrt_kl_99']:.2f} / {a['sqrt_kl_max']:.2f}",
+                     f"{ill['sqrt_kl_99']:.2f} / {ill['sqrt_kl_max']:.2f}",
+                     f"{a['share_past']['1.5']['sqrt_kl']:.2%}", f"{s['flagged']} ({s['flagged_share']:.2%})",
+                     f"{s['flagged_same_experts']} of {s['same_experts']:,}",
+                     "none past the plain tolerance" if not s["factor_to_clear"] else
+                     f"{s['factor_to_clear']:.2f} ({s['factor_to_clear_same_experts'] or 0:.2f}; now {s['factor']:g})"])
+    return (_source(*(f"{RESULTS}/{f.name}" for f in files), how=" (`python -m benchmarks.order_spread`)")
+            + _table(["model", "dtype", "prompts", "held-out draws (positions x orders)",
+                      "√KL ratio to the witness's worst, p99 / max", "the same, ill-conditioned tenth",
+                      "past 1.5x (√KL)", "flagged by the per-position rule",
+                      "flagged with the judge's experts at every token so far (MoE)",
+                      "the factor that flags none (with the judge's experts; CONDITIONING_FACTOR)"], rows))

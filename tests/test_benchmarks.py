@@ -71,3 +71,19 @@ def test_f32_oracle_witness_refuses_bad_input_in_one_line():
         p = subprocess.run([sys.executable, "-m", "benchmarks.f32_oracle_witness", *args], capture_output=True,
                            text=True, timeout=300)
         assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and why in p.stderr, (args, p.stderr)
+
+
+def test_order_spread_refuses_bad_input_in_one_line():
+    for args, why in ((["--model", "nope"], "--model nope"), (["--prompts", "0"], "at least 1"),
+                      (["--out", "/nonexistent/x.json"], "no directory")):
+        p = subprocess.run([sys.executable, "-m", "benchmarks.order_spread", *args], capture_output=True,
+                           text=True, timeout=300)
+        assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and why in p.stderr, (args, p.stderr)
+
+
+def test_recipe_taps_refuses_bad_input_in_one_line():
+    for args, why in ((["--positions", "x"], "comma-separated integers"), (["--prompt", "nope"], "no prompt 'nope'"),
+                      (["--out", "/nonexistent/x.json"], "no directory")):
+        p = subprocess.run([sys.executable, "-m", "benchmarks.recipe_taps", *args], capture_output=True,
+                           text=True, timeout=300)
+        assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and why in p.stderr, (args, p.stderr)
