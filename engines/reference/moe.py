@@ -8,16 +8,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from engines.base import FREE_EXPERTS, OTHER_EXPERTS
 from engines.config import Config
 from engines.reference import model as M
 
 # Muse Spark's post-expert norm eps (its config's post_eps, the same as its post-attention and post-FFN norms').
 MOE_POST_EPS = 1e-8
-# A routing replay's forced experts may hold one of these in place of a token's whole row of expert ids: FREE, the
-# router's own top-k there; OTHER, the other side of that token's near-tie (its k-th choice swapped for its
-# (k+1)-th). So the reference runs as a correct engine that rounded the other way at one token and chose freely
-# everywhere else (evalsuite/compare/flip.py).
-FREE, OTHER = -1, -2
+FREE, OTHER = FREE_EXPERTS, OTHER_EXPERTS  # forced rows: the router's own choice, the other side of its near-tie
 
 
 def moe(x: jax.Array, p: dict, m: int, c: Config, experts: jax.Array | None = None) -> jax.Array:

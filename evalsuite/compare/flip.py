@@ -5,7 +5,7 @@ batch shape or another kernel's tiling: it then sends that token to another expe
 moves far (the other expert's MLP, carried on by attention) with nothing wrong. bf16's routing rule (routing.py)
 takes such positions out and replays the engine's own routing (replay.py). In float32, where a faithful engine's
 flags are rare, the judge runs the other side itself: the float32 reference with that one token's k-th expert
-swapped for its (k+1)-th (engines.reference.moe.OTHER), every other token routed freely, in one teacher-forced
+swapped for its (k+1)-th (engines.base.OTHER_EXPERTS), every other token routed freely, in one teacher-forced
 forward. The prompt's flags from that token on are judged again against it, each output of the engine (teacher-forced
 and free-running) as compare_prompt judges it, under the same bounds as before; those within them are cleared.
 
@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from engines.base import FREE_EXPERTS as FREE
+from engines.base import OTHER_EXPERTS as OTHER
 from engines.base import Forced
 from engines.errors import ModelError
-from engines.reference.moe import FREE, OTHER
 from evalsuite.compare import rule
 from evalsuite.compare.routing import ROUTING_TIE_FACTOR, routing_move
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engines.base import FREE_EXPERTS as FREE
+from engines.base import OTHER_EXPERTS as OTHER
 from engines.base import Forced
 from engines.errors import ModelError
-from engines.reference.moe import FREE, OTHER
 from evalsuite.compare import flip, rule, witness
 from evalsuite.models import load_model
 from evalsuite.plugins import judge
