@@ -111,10 +111,8 @@ class Scored:
     routing_gaps: np.ndarray | None = None
 
 
-# A routing replay's forced experts (Engine.score's experts) may hold one of these in place of a token's whole row of
-# expert ids: FREE, the router's own top-k there; OTHER, the other side of that token's near-tie (its k-th choice
-# swapped for its (k+1)-th). So a judge runs as a correct engine that rounded the other way at one token and chose
-# freely everywhere else (evalsuite/compare/flip.py).
+# Engine.score's forced experts may hold, for a token's whole row: FREE, the router's own top-k; OTHER, its k-th choice
+# swapped for its (k+1)-th (the other side of a near-tie: evalsuite/compare/flip.py)
 FREE_EXPERTS, OTHER_EXPERTS = -1, -2
 
 

@@ -3,7 +3,9 @@ own error at each position, measured on the judge alone, never on the engine jud
 
 float32: the reference against its own math in float64 (ReferenceEngine.float64_logits); where flags survive
   that, the float32 reference in ORDER_SEEDS other reduction orders against the same float64 logits as well, the
-  witness being the worst of them (the float32 order spread).
+  witness being the worst of them (the float32 order spread). Where float64 cannot run (a TPU), half the
+  reference's spread over those orders (SPREAD_ONLY). On an MoE model, flags that stand are judged once more against
+  the reference on the other side of a routing near-tie (compare/flip.py).
 bfloat16: the reference's own bf16 recipe against the float32 reference, from the same teacher-forced pass the
   drift check uses: the quantity the bf16 bounds were set from (rule.py), taken at this position instead of as
   the worst over a calibration set. Where flags survive that, the same recipe in ORDER_SEEDS other reduction
