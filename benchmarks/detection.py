@@ -271,7 +271,7 @@ def recheck(doc: dict, out: Path, names: list[str], a, progress) -> int:
 
 # A family's own faults (engines.megakernel.faults.MODEL_NEEDS) run on a mini of that family
 FAMILY_MODELS = {"sliding": "mini-gemma2", "softcap": "mini-gemma2", "sinks": "mini-gptoss", "mxfp4": "mini-gptoss",
-                 "recurrent": "mini-qwen-hybrid", "kda": "mini-kimi-linear",
+                 "recurrent": "mini-qwen-hybrid", "low_norm": "mini-qwen-lownorm", "kda": "mini-kimi-linear",
                  "mla": "mini-kimi-linear", "mla_absorbed": "mini-kimi-linear", "router_bias": "mini-kimi",
                  "latent": "mini-kimi", "attn_res": "mini-kimi", "nope": "mini-muse"}
 

@@ -24,8 +24,9 @@ from pathlib import Path
 from evalsuite.versions import commit, versions
 
 # one MINI per seed family: Kimi K3 (KDA, NoPE MLA with its gate, latent MoE, attention residuals), Qwen3.8's Gated
-# DeltaNet hybrid, Muse Spark (NoPE and sliding layers, gated residuals, its latent MoE); and Kimi Linear (KDA + MLA)
-MODELS = ("mini-kimi", "mini-qwen-hybrid", "mini-muse", "mini-kimi-linear")
+# DeltaNet hybrid and its twin with a near-dead key head (the L2 norm's epsilon shows there), Muse Spark (NoPE and
+# sliding layers, gated residuals, its latent MoE); and Kimi Linear (KDA + MLA)
+MODELS = ("mini-kimi", "mini-qwen-hybrid", "mini-qwen-lownorm", "mini-muse", "mini-kimi-linear")
 DTYPES = ("float32", "bfloat16")
 MODES = ("generic", "tpu")
 COMMANDS = ("diff", "golden")
@@ -70,6 +71,7 @@ def run_one(k: tuple[str, str, str, str]) -> dict:
                        capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     row = {"command": command, "model": model, "dtype": dtype, "interpret": mode, "exit": p.returncode,
            "seconds": round(time.time() - t0, 1), "argv": argv(command, model, dtype, mode),
+           "commit": commit(Path(__file__).parent),
            "where": f"{os.cpu_count()} CPUs (JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')})"}
     try:
         return row | headline(command, json.loads(p.stdout))

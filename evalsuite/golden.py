@@ -35,7 +35,7 @@ TOP_K = 5
 # Per-model golden settings: the prompt set and the number of greedy tokens pinned.
 DEFAULTS = {"smollm2-135m": ("builtin", 32), "mini-llama": ("quick", 24), "mini-moe": ("quick", 24),
             "mini-qwen2": ("quick", 24), "mini-gemma2": ("quick", 24), "mini-gemma3": ("quick", 24),
-            "mini-gptoss": ("quick", 24), "mini-qwen-hybrid": ("quick", 24),
+            "mini-gptoss": ("quick", 24), "mini-qwen-hybrid": ("quick", 24), "mini-qwen-lownorm": ("quick", 24),
             "mini-kimi-linear": ("quick", 24), "mini-deepseek-mla": ("quick", 24),
             "mini-kimi": ("quick", 24), "mini-muse": ("quick", 24), "mini-qwen-next-moe": ("quick", 24),
             "gemma3-270m": ("quick", 24)}

@@ -119,8 +119,8 @@ def _load_real(name: str) -> Model:
 
 # The wider families' minis: transformers' own modelling code decoded each of them (tests/engines/oracle)
 MINI_CHECKPOINTS = {"mini-qwen2": "qwen2", "mini-gemma2": "gemma2", "mini-gemma3": "gemma3", "mini-gptoss": "gpt-oss",
-                    "mini-qwen-hybrid": "qwen3-next", "mini-qwen-next-moe": "qwen3-next",
-                    "mini-kimi-linear": "kimi-linear",
+                    "mini-qwen-hybrid": "qwen3-next", "mini-qwen-lownorm": "qwen3-next",
+                    "mini-qwen-next-moe": "qwen3-next", "mini-kimi-linear": "kimi-linear",
                     "mini-deepseek-mla": "deepseek-v3-mla"}
 
 REGISTRY: dict[str, Entry] = {

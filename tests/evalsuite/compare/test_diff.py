@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from benchmarks.detection import FAMILY_MODELS as FAMILY_MINI
 from engines.megakernel import FAULTS
 from engines.megakernel.faults import BY_NAME, MODEL_NEEDS
 from evalsuite.compare.diff import DiffSpec, run_diff
@@ -77,14 +78,10 @@ MINI_SUB_NOISE = {("float32", "norm_eps")}
 # recipe on 6 of builtin's 6 shortest prompts: benchmarks/results/calibrate-recipe.json)
 # (the family faults run heavy here: their catch by diff's rule is in the detection table, benchmarks/detection.py)
 IN_CI = {("bfloat16", "bf16_residual"), ("bfloat16", "final_norm_eps"), ("bfloat16", "kv_bf16_slot")}
-# a family fault's mini (engines.megakernel.faults.MODEL_NEEDS); softcap_after_mask is benign at Gemma 2's cap of 50
-# (a masked slot weighs e^-50: test_kernel measures it under the float32 bound), so its diff must not FAIL
-FAMILY_MINI = {"sliding": "mini-gemma2", "softcap": "mini-gemma2", "sinks": "mini-gptoss", "mxfp4": "mini-gptoss",
-               "recurrent": "mini-qwen-hybrid", "kda": "mini-kimi-linear",
-               "mla": "mini-kimi-linear", "mla_absorbed": "mini-kimi-linear", "router_bias": "mini-kimi",
-               "latent": "mini-kimi", "attn_res": "mini-kimi", "nope": "mini-muse"}
-# l2_eps_outside moves mini-qwen-hybrid's logits by 6.8e-5 at most, under the float32 noise (test_kernel's BENIGN)
-BENIGN = {"softcap_after_mask", "l2_eps_outside"}
+# a family fault's mini: benchmarks.detection's (engines.megakernel.faults.MODEL_NEEDS); softcap_after_mask is benign
+# at Gemma 2's cap of 50 (a masked slot weighs e^-50: test_kernel measures it under the float32 bound), so its diff
+# must not FAIL
+BENIGN = {"softcap_after_mask"}
 BF16_ONLY = {f for f in FAULTS if BY_NAME[f].needs.startswith("bf16")}  # a no-op in float32 (test_kernel)
 # the ones that round at every position: the recipe check's majority of prompts sees them (pos_weights_dtype shows
 # only past 256 tokens, one prompt of quick's: the per-position bounds FAIL it there, 32 positions on smollm2)
