@@ -71,7 +71,7 @@ def run_one(k: tuple[str, str, str, str]) -> dict:
                        capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     row = {"command": command, "model": model, "dtype": dtype, "interpret": mode, "exit": p.returncode,
            "seconds": round(time.time() - t0, 1), "argv": argv(command, model, dtype, mode),
-           "commit": commit(Path(__file__).parent),
+           "commit": commit(Path(__file__).parent), "versions": versions(),
            "where": f"{os.cpu_count()} CPUs (JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')})"}
     try:
         return row | headline(command, json.loads(p.stdout))
@@ -91,7 +91,9 @@ def main(argv_: list[str] | None = None) -> int:
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --out and run the others")
     a = ap.parse_args(argv_)
     out = Path(a.out)
-    rows = json.loads(out.read_text())["rows"] if a.resume and out.exists() else []
+    prev = json.loads(out.read_text()) if a.resume and out.exists() else {"rows": []}
+    # a kept row keeps the commit and versions it ran at (the head says this invocation's)
+    rows = [{"commit": prev.get("commit"), "versions": prev.get("versions")} | r for r in prev["rows"]]
     rows = [r for r in rows if r["verdict"] != "ERROR" and r.get("argv") == argv(*key(r))]  # same settings only
     done = {key(r) for r in rows}
     keys = [k for k in itertools.product(a.commands.split(","), a.models.split(","), a.dtypes.split(","),

@@ -18,7 +18,8 @@ def gdir(tmp_path):
 
 
 @pytest.mark.parametrize("model", ["mini-llama", "mini-moe", "mini-qwen2", "mini-gemma2", "mini-gemma3",
-                                   "mini-gptoss", "mini-qwen-hybrid", "mini-kimi-linear", "mini-deepseek-mla",
+                                   "mini-gptoss", "mini-qwen-hybrid", "mini-qwen-lownorm", "mini-kimi-linear",
+                                   "mini-deepseek-mla",
                                    "mini-muse",
                                    pytest.param("mini-qwen-next-moe", marks=pytest.mark.heavy),  # CI checks it
                                    # against transformers (tests/engines/reference/test_gdn.py)
@@ -132,6 +133,32 @@ def test_bf16_golden_check_has_the_logit_scale_check_of_diff(monkeypatch):
     monkeypatch.setattr(rule, "MIN_SCALE_PROMPTS", s["prompts"] + 1)
     few = golden.check("mini-llama", "reference", dtype="bfloat16")
     assert few.verdict == "INCONCLUSIVE" and any("logit-scale" in n for n in few.not_checked)
+
+
+def test_bf16_golden_check_has_the_conditioning_witness_of_diff(monkeypatch):
+    """Regression: the faithful megakernel FAILed mini-qwen-lownorm's golden file in bf16 at tile-128@1 (|Δlogprob|
+    4.56), where the reference's own bf16 recipe is as far from float32 (|Δlogit| 10.6): diff's conditioning
+    witness now runs along the golden tracks and clears it. Its bound is the recipe's own error there, so a fault
+    still FAILs; where the witness cannot run, the flags stand and the record says why."""
+    from engines.errors import ModelError
+    from evalsuite.compare import witness
+
+    ok = golden.check("mini-qwen-lownorm", "megakernel", dtype="bfloat16")
+    w = ok.summary["conditioning_witness"]
+    assert ok.verdict == "PASS", ok.problems
+    assert w["run"] >= 1 and w["positions_flagged"] == w["positions_cleared"] >= 1
+    bad = golden.check("mini-qwen-lownorm", "megakernel", dtype="bfloat16", fault="decay_after_delta")
+    assert bad.verdict == "FAIL" and bad.summary["mismatching_positions"] > 0
+    assert bad.summary["conditioning_witness"]["run"] >= 1  # it ran and did not clear the fault
+
+    def cannot(*a, **k):
+        raise ModelError("no full logits here")
+
+    monkeypatch.setattr(witness, "judge_error", cannot)
+    blind = golden.check("mini-qwen-lownorm", "reference", dtype="bfloat16")  # the recipe itself: same flags
+    wb = blind.summary["conditioning_witness"]
+    assert blind.verdict == "FAIL" and wb["not_run"] >= 1 and wb["run"] == 0
+    assert any("tile-128" in p for p in blind.problems)
 
 
 @pytest.mark.heavy
