@@ -190,11 +190,13 @@ def golden_update(models_) -> None:
 @click.option("--engine", default=JUDGE, show_default=True)
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPES))
 @click.option("--fault", default=None, help=FAULT_HELP)
+@click.option("--float32-build/--no-float32-build", default=True, show_default=True,
+              help="bfloat16: also check the engine built in float32 (code bugs below bf16 rounding).")
 @click.option("--json", "as_json", is_flag=True)
 @remote_options
 @engine_option
-def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model, api_key_env, api_timeout,
-                 engine_options) -> None:
+def golden_check(models_, engine, dtype, fault, float32_build, as_json, base_url, served_model, api_key_env,
+                 api_timeout, engine_options) -> None:
     """Compare an engine with the golden files. Exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE (not checked)."""
     from evalsuite import golden as g
     from evalsuite.report import golden_text
@@ -206,7 +208,7 @@ def golden_check(models_, engine, dtype, fault, as_json, base_url, served_model,
     for m in models:
         _progress(f"golden: checking {engine} on {m}")
         try:
-            results[m] = g.check(m, engine, dtype, fault, extra=server).to_json()
+            results[m] = g.check(m, engine, dtype, fault, extra=server, float32_build=float32_build).to_json()
         except UnsupportedModel as e:
             if models_:  # named by the user: an error
                 raise

@@ -349,8 +349,9 @@ def golden_text(results: dict) -> str:
         lines.append(f"{r['verdict']} {m}{figures}")
         lines += [f"  {p}" for p in r["problems"]]
         lines += [f"  not checked: {n}" for n in r["not_checked"]]
-        if s and s.get("measure"):
-            lines.append(f"  measure: {s['measure']}")
+        b = (s or {}).get("float32_build")  # bf16: the engine's float32 build, checked too
+        lines += [f"  float32 build: {b.get('verdict') or 'not run: ' + b['why']}"] if b else []
+        lines += [f"  measure: {s['measure']}"] if s and s.get("measure") else []
         if s and s.get("scope"):
             lines.append(f"  covers: {s['scope']}")
             lines.append(f"  engine paths: {coverage.text(s['paths'])}")

@@ -114,7 +114,7 @@ def test_bf16_golden_check_has_the_drift_check_of_diff(monkeypatch):
     d = ok.summary["bf16_drift"]
     assert d["checked"] and d["positions"] == ok.summary["positions"] and d["ratio"] <= rule.DRIFT_RATIO
     monkeypatch.setattr(rule, "MIN_DRIFT_POSITIONS", ok.summary["positions"] + 1)
-    few = golden.check("mini-llama", "reference", dtype="bfloat16")  # the reference: faster, same rule
+    few = golden.check("mini-llama", "reference", dtype="bfloat16", float32_build=False)  # faster, same rule
     assert few.verdict == "INCONCLUSIVE" and not few.summary["bf16_drift"]["checked"]
     assert any(n.startswith("bf16 drift") for n in few.not_checked)
 
@@ -131,7 +131,7 @@ def test_bf16_golden_check_has_the_logit_scale_check_of_diff(monkeypatch):
     assert bad.verdict == "FAIL" and s["checked"] and not s["ok"] and bad.summary["mismatching_positions"] == 0
     assert bad.summary["bf16_drift"]["ok"] and any(p.startswith("bf16 logit scale") for p in bad.problems)
     monkeypatch.setattr(rule, "MIN_SCALE_PROMPTS", s["prompts"] + 1)
-    few = golden.check("mini-llama", "reference", dtype="bfloat16")
+    few = golden.check("mini-llama", "reference", dtype="bfloat16", float32_build=False)
     assert few.verdict == "INCONCLUSIVE" and any("logit-scale" in n for n in few.not_checked)
 
 
@@ -143,11 +143,12 @@ def test_bf16_golden_check_has_the_conditioning_witness_of_diff(monkeypatch):
     from engines.errors import ModelError
     from evalsuite.compare import witness
 
-    ok = golden.check("mini-qwen-lownorm", "megakernel", dtype="bfloat16")
+    ok = golden.check("mini-qwen-lownorm", "megakernel", dtype="bfloat16", float32_build=False)
     w = ok.summary["conditioning_witness"]
     assert ok.verdict == "PASS", ok.problems
     assert w["run"] >= 1 and w["positions_flagged"] == w["positions_cleared"] >= 1
-    bad = golden.check("mini-qwen-lownorm", "megakernel", dtype="bfloat16", fault="decay_after_delta")
+    bad = golden.check("mini-qwen-lownorm", "megakernel", dtype="bfloat16", fault="decay_after_delta",
+                       float32_build=False)
     assert bad.verdict == "FAIL" and bad.summary["mismatching_positions"] > 0
     assert bad.summary["conditioning_witness"]["run"] >= 1  # it ran and did not clear the fault
 
@@ -155,10 +156,25 @@ def test_bf16_golden_check_has_the_conditioning_witness_of_diff(monkeypatch):
         raise ModelError("no full logits here")
 
     monkeypatch.setattr(witness, "judge_error", cannot)
-    blind = golden.check("mini-qwen-lownorm", "reference", dtype="bfloat16")  # the recipe itself: same flags
+    # the recipe itself as the engine: the same flags
+    blind = golden.check("mini-qwen-lownorm", "reference", dtype="bfloat16", float32_build=False)
     wb = blind.summary["conditioning_witness"]
     assert blind.verdict == "FAIL" and wb["not_run"] >= 1 and wb["run"] == 0
     assert any("tile-128" in p for p in blind.problems)
+
+
+def test_bf16_golden_check_checks_the_float32_build():
+    """Regression: l2_eps_outside (q and k moved by about 1% on mini-qwen-lownorm's near-dead head, far under bf16
+    rounding) PASSed its golden file in bf16; the engine's float32 build fails 279 of 288 positions, and its FAIL is
+    now the check's. Turned off, the PASS says the build was not run."""
+    bad = golden.check("mini-qwen-lownorm", "megakernel", dtype="bfloat16", fault="l2_eps_outside")
+    b = bad.summary["float32_build"]
+    assert bad.verdict == "FAIL" and bad.summary["mismatching_positions"] == 0  # the bf16 run itself sees nothing
+    assert b["run"] and b["verdict"] == "FAIL" and b["mismatching_positions"] > 100
+    assert any(p.startswith("the engine's float32 build:") for p in bad.problems)
+    off = golden.check("mini-qwen-lownorm", "megakernel", dtype="bfloat16", fault="l2_eps_outside",
+                       float32_build=False)
+    assert off.verdict == "PASS" and not off.summary["float32_build"]["run"]
 
 
 @pytest.mark.heavy
