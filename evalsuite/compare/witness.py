@@ -3,9 +3,9 @@ own error at each position, measured on the judge alone, never on the engine jud
 
 float32: the reference against its own math in float64 (ReferenceEngine.float64_logits); where flags survive
   that, the float32 reference in ORDER_SEEDS other reduction orders against the same float64 logits as well, the
-  witness being the worst of them (the float32 order spread). Where float64 cannot run (a TPU), half the
-  reference's spread over those orders (SPREAD_ONLY). On an MoE model, flags that stand are judged once more against
-  the reference on the other side of a routing near-tie (compare/flip.py).
+  witness being the worst of them (the float32 order spread; on a TPU the host's CPU runs the float64 math). Where
+  float64 cannot run at all, half the reference's spread over those orders (SPREAD_ONLY). On an MoE model, flags
+  that stand are judged once more against the reference on the other side of a routing near-tie (compare/flip.py).
 bfloat16: the reference's own bf16 recipe against the float32 reference, from the same teacher-forced pass the
   drift check uses: the quantity the bf16 bounds were set from (rule.py), taken at this position instead of as
   the worst over a calibration set. Where flags survive that, the same recipe in ORDER_SEEDS other reduction
@@ -76,7 +76,7 @@ def judge_error(ref, prompt, rg, recipe, dtype: str) -> tuple[np.ndarray, np.nda
 
 
 def _own_error(ref, case: Flagged, dtype: str, orders) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
-    """judge_error's, and what it measured. float32 where float64 cannot run (a TPU has no float64 matmul): the
+    """judge_error's, and what it measured. float32 where float64 cannot run (a sharded or too large judge): the
     judge's own spread instead, SPREAD_ONLY, on a prompt with at most F32_ORDER_MAX_FLAGS flags."""
     try:
         return *judge_error(ref, case.prompt, case.rg, case.recipe, dtype), WHAT[dtype]

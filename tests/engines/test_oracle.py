@@ -81,6 +81,21 @@ def test_reference_float64_reproduces_transformers_float64(path):
     assert worst <= ORACLE_F64_TOL
 
 
+def test_float64_math_runs_on_the_host_cpu_where_the_backend_is_a_tpu(monkeypatch):
+    """A TPU has no float64 matmul: there the witness's float64 math runs on the host's CPU (jax's cpu device),
+    and it is the same math: it still reproduces transformers' float64 run. (Here the backend is the CPU; the
+    branch is taken by saying it is a TPU.)"""
+    import jax
+
+    oracle = json.loads((Path(__file__).parent / "oracle" / "mini-qwen-lownorm.json").read_text())
+    placed = []
+    real = jax.default_device
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    monkeypatch.setattr(jax, "default_device", lambda d: placed.append(d.platform) or real(d))
+    worst = float64_error(load_hf(minis_dir() / oracle["name"], oracle["name"]), oracle)
+    assert placed and set(placed) == {"cpu"} and worst <= ORACLE_F64_TOL
+
+
 def test_oracle_prompts_cross_every_window_and_the_yarn_context():
     for path in ORACLES:
         oracle = json.loads(path.read_text())
