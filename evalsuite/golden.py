@@ -285,7 +285,14 @@ def _with_float32_build(result: GoldenResult, model_name, engine_name, fault, di
     why = "turned off (--no-float32-build)" if not on else engine_class(engine_name).no_float32_build
     if why:
         return replace(result, summary={**result.summary, "float32_build": {"run": False, "why": why}})
-    r32 = _check(model_name, engine_name, "float32", fault, directory, extra)
+    try:
+        r32 = _check(model_name, engine_name, "float32", fault, directory, extra)
+    except (SpecError, ModelError) as e:  # the bf16 check ran: what fails here is the float32 build
+        why = f"it could not be built: {e}"
+    except Exception as e:  # a plugin's float32 path raised: the finished bf16 check is not lost to it
+        why = f"it raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+    if why:
+        return replace(result, summary={**result.summary, "float32_build": {"run": False, "why": why}})
     s32 = r32.summary
     summary = {"run": True, "verdict": r32.verdict, "positions": s32.get("positions"),
                "mismatching_positions": s32.get("mismatching_positions"), "max_dlogprob": s32.get("max_dlogprob"),
@@ -297,6 +304,7 @@ def _with_float32_build(result: GoldenResult, model_name, engine_name, fault, di
 
 def _check(model_name: str, engine_name: str, dtype: str, fault: str | None, directory: Path | None,
            extra: dict | None) -> GoldenResult:
+    """One dtype's check (check's, without the float32 build)."""
     from evalsuite.plugins import make_engine
 
     try:

@@ -177,6 +177,24 @@ def test_bf16_golden_check_checks_the_float32_build():
     assert off.verdict == "PASS" and not off.summary["float32_build"]["run"]
 
 
+def test_a_float32_build_that_cannot_run_is_said_and_the_bf16_check_kept(monkeypatch):
+    """Bad input in the float32 build's path (a plugin's float32 mode raising) loses nothing: the bf16 check's
+    verdict stands and the build is said not run, with why."""
+    from engines.errors import ModelError
+
+    real = golden._check
+
+    def broken(model, engine, dtype, *a):
+        if dtype == "float32":
+            raise ModelError("no float32 mode here")
+        return real(model, engine, dtype, *a)
+
+    monkeypatch.setattr(golden, "_check", broken)
+    r = golden.check("mini-llama", "megakernel", dtype="bfloat16")
+    b = r.summary["float32_build"]
+    assert r.verdict == "PASS" and not b["run"] and b["why"] == "it could not be built: no float32 mode here"
+
+
 @pytest.mark.heavy
 def test_bf16_residual_fails_the_bf16_golden_check_on_smollm2():
     """Regression: a bf16 residual stream PASSed smollm2's golden file in bf16 (0 mismatching positions);
