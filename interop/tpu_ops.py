@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -106,6 +107,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--interpret", action="store_true", help="Pallas's interpreter instead of Mosaic (no TPU)")
     a = ap.parse_args(argv)
+    if a.out and not Path(a.out).resolve().parent.is_dir():  # before the measuring, not after it
+        print(f"error: --out {a.out}: no directory {Path(a.out).resolve().parent}", file=sys.stderr)
+        return 2
     import jax
 
     platform = jax.devices()[0].platform

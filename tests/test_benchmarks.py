@@ -72,6 +72,7 @@ BAD_INPUT = [
     ("benchmarks.recipe_taps", ["--prompt", "nope"], "no prompt 'nope'"),
     ("benchmarks.recipe_taps", ["--out", "/nonexistent/x.json"], "no directory"),
     ("interop.tpu_ops", [], "not a TPU"),  # CI has no TPU: the one-line refusal
+    ("interop.tpu_ops", ["--interpret", "--out", "/nonexistent/x.json"], "no directory"),
 ]
 
 
