@@ -260,9 +260,6 @@ MODEL_NEEDS = {"moe": ("a MoE model", lambda c: c.family == "moe"),
                "recurrent": ("Gated DeltaNet or Kimi Delta Attention layers (Qwen3-Next, Qwen3.8, Kimi Linear, K3)",
                              lambda c: bool({"gdn", "kda"} & set(c.layer_kinds))),
                "kda": ("Kimi Delta Attention layers (Kimi Linear, K3)", lambda c: "kda" in c.layer_kinds),
-               # the predicate sees the config only: which heads' norms are small is the weights' (SHOWS_WITH)
-               "low_norm": ("Gated DeltaNet or Kimi Delta Attention layers (Qwen3-Next, Qwen3.8, Kimi Linear, K3)",
-                            lambda c: bool({"gdn", "kda"} & set(c.layer_kinds))),
                "router_bias": ("a sigmoid router with a selection bias (DeepSeek-V3, Kimi)",
                                lambda c: c.family == "moe" and c.router == "sigmoid"),
                "latent": ("a latent MoE (Kimi K3)", lambda c: bool(c.moe_latent) and c.moe_latent_style == "k3"),
@@ -272,6 +269,8 @@ MODEL_NEEDS = {"moe": ("a MoE model", lambda c: c.family == "moe"),
                # the fault brings the absorbed MLA form (--engine-option mla=absorbed)
                "mla_absorbed": ("multi-head latent attention layers (Kimi Linear, K3)",
                                 lambda c: "mla" in c.layer_kinds)}
+# low_norm needs what recurrent needs: a config cannot say which heads' norms are small, the weights do (SHOWS_WITH)
+MODEL_NEEDS["low_norm"] = MODEL_NEEDS["recurrent"]
 SHOWS_WITH = {"": "any prompt", "moe": "MoE models",
               "sliding": "models with sliding-window layers, contexts past the window",
               "softcap": "models with an attention soft-cap (Gemma 2)",
