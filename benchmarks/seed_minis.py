@@ -38,8 +38,10 @@ COMMANDS = ("diff", "golden")
 DIFF_SETTINGS = {"float32": ("quick", 32), "bfloat16": ("builtin", 16)}
 
 
-def argv(command: str, model: str, dtype: str, mode: str) -> list[str]:
-    opts = ["--engine", "megakernel", "--dtype", dtype, "--engine-option", f"interpret={mode}", "--json"]
+def argv(command: str, model: str, dtype: str, mode: str, extra: tuple[str, ...] = ()) -> list[str]:
+    """The CLI arguments of one run; extra: more --engine-option KEY=VALUE settings (e.g. rounds=public)."""
+    opts = ["--engine", "megakernel", "--dtype", dtype, "--engine-option", f"interpret={mode}",
+            *[a for kv in extra for a in ("--engine-option", kv)], "--json"]
     if command == "diff":
         prompts, n = DIFF_SETTINGS[dtype]
         return ["diff", "--model", model, "--prompts", prompts, "--max-new-tokens", str(n), *opts]
@@ -64,13 +66,13 @@ def key(row: dict) -> tuple[str, str, str, str]:
     return row["command"], row["model"], row["dtype"], row["interpret"]
 
 
-def run_one(k: tuple[str, str, str, str]) -> dict:
+def run_one(k: tuple[str, str, str, str], extra: tuple[str, ...] = ()) -> dict:
     command, model, dtype, mode = k
     t0 = time.time()
-    p = subprocess.run([sys.executable, "-m", "evalsuite.cli", *argv(command, model, dtype, mode)],
+    p = subprocess.run([sys.executable, "-m", "evalsuite.cli", *argv(command, model, dtype, mode, extra)],
                        capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     row = {"command": command, "model": model, "dtype": dtype, "interpret": mode, "exit": p.returncode,
-           "seconds": round(time.time() - t0, 1), "argv": argv(command, model, dtype, mode),
+           "seconds": round(time.time() - t0, 1), "argv": argv(command, model, dtype, mode, extra),
            "commit": commit(Path(__file__).parent), "versions": versions(),
            "where": f"{os.cpu_count()} CPUs (JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')})"}
     try:
@@ -89,21 +91,24 @@ def main(argv_: list[str] | None = None) -> int:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--commands", default=",".join(COMMANDS), help="diff, golden, or both (in this order)")
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --out and run the others")
+    ap.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="passed to every run (e.g. rounds=public: the public kernels' bf16 rounding points)")
     a = ap.parse_args(argv_)
     out = Path(a.out)
     prev = json.loads(out.read_text()) if a.resume and out.exists() else {"rows": []}
     # a kept row keeps the commit and versions it ran at (the head says this invocation's)
     rows = [{"commit": prev.get("commit"), "versions": prev.get("versions")} | r for r in prev["rows"]]
-    rows = [r for r in rows if r["verdict"] != "ERROR" and r.get("argv") == argv(*key(r))]  # same settings only
+    extra = tuple(a.engine_option)
+    rows = [r for r in rows if r["verdict"] != "ERROR" and r.get("argv") == argv(*key(r), extra)]  # same settings
     done = {key(r) for r in rows}
     keys = [k for k in itertools.product(a.commands.split(","), a.models.split(","), a.dtypes.split(","),
                                          a.modes.split(","))
             if k not in done]
     head = {"benchmark": "seed-minis", "command": "python -m benchmarks.seed_minis " + " ".join(argv_ or sys.argv[1:]),
-            "diff_settings": DIFF_SETTINGS, "commit": commit(Path(__file__).parent),
+            "diff_settings": DIFF_SETTINGS, "engine_options": list(extra), "commit": commit(Path(__file__).parent),
             "versions": versions()}
     with ThreadPoolExecutor(max(1, a.jobs)) as pool:
-        for done_ in as_completed([pool.submit(run_one, k) for k in keys]):
+        for done_ in as_completed([pool.submit(run_one, k, extra) for k in keys]):
             row = done_.result()
             rows.append(row)
             print(f"{row['command']} {row['model']} {row['dtype']} {row['interpret']}: {row['verdict']} "

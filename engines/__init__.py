@@ -6,4 +6,4 @@ engine's internals (the reference, the megakernel, the server client, the genera
 the plugin loader (evalsuite/plugins.py) alone, so no engine is built or judged by a path the others lack."""
 
 PUBLIC = ("base", "errors", "config", "weights", "tokenizer", "gguf_loader", "gguf_file", "hf_loader", "lazy",
-          "compile_cache", "mxfp4")
+          "compile_cache", "mxfp4", "recipe")

@@ -32,9 +32,9 @@ import numpy as np
 from engines.config import Config
 from engines.errors import ModelError
 from engines.fingerprint import source_fingerprint  # noqa: F401  (the engines' public part)
+from engines.recipe import DTYPES, ROUND_POINTS, Recipe  # noqa: F401  (the engines' public part)
 from engines.shapes import call_groups, next_bucket, next_pow2  # noqa: F401  (the engines' public part)
 
-DTYPES = ("float32", "bfloat16")
 # stop_check(generated_ids) -> True ends that row (finish_reason "stop"), e.g. when the decoded text
 # contains a stop string: rows stop generating at once instead of running to max_new_tokens.
 StopCheck = Callable[[list[int]], bool]
@@ -243,31 +243,6 @@ class Capabilities:
                  "forced": self.forced, "stop_strings": self.stop_strings}
         return {n: {"ok": v, "detail": "declared by the engine"} for n, v in flags.items()} | {
             "forced_path": {"ok": True, "detail": self.forced_path}}
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """Where an engine in bfloat16 mode rounds (its declared numeric recipe). The judge runs the reference in
-    the same recipe, so a bf16 engine is compared with like, not only with float32. Matrices are stored in
-    bfloat16 and every matmul rounds its input to bfloat16 and accumulates in float32; norms, biases, RoPE,
-    softmax and the values named float32 below stay float32."""
-
-    f32_weights: tuple[str, ...] = ()  # weight arrays kept float32 besides norms and biases (e.g. "router")
-    kv_cache: str = "float32"  # what a written K/V slot is rounded to
-    residual: str = "float32"  # what the residual stream is rounded to after each add
-    # MLA layers: "expanded" (per-head keys and values cached, formed from the latent rounded for W_kvb) or
-    # "absorbed" (the latent cached; q_nope rounded for W_uk, the softmax's mixture of latents for W_uv)
-    mla: str = "expanded"
-
-    def __post_init__(self):
-        for name, allowed in (("kv_cache", DTYPES), ("residual", DTYPES), ("mla", ("expanded", "absorbed"))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"Recipe.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-
-    def describe(self) -> dict:
-        return {"weights_and_matmul_inputs": "bfloat16", "accumulation": "float32", "kv_cache": self.kv_cache,
-                "f32_weights": ["norms", "biases", *self.f32_weights], "residual": self.residual,
-                **({"mla": self.mla} if self.mla != "expanded" else {})}
 
 
 @dataclass(frozen=True)

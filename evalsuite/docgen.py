@@ -26,7 +26,15 @@ from evalsuite.doctables import (
 )
 from evalsuite.interop_tables import interop_capabilities, interop_commands
 from evalsuite.speed_tables import decode_figures, judge_peak_figures, judge_profile_figures, spec_figures
-from evalsuite.tpu_tables import megakernel_diffs, megakernel_runs, seed_minis, tpu_roofline, tpu_runs, tpu_vmem
+from evalsuite.tpu_tables import (
+    SEED_MINIS_PUBLIC,
+    megakernel_diffs,
+    megakernel_runs,
+    seed_minis,
+    tpu_roofline,
+    tpu_runs,
+    tpu_vmem,
+)
 from evalsuite.witness_tables import drift_parts, f32_paths, order_spread
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout this module sits in (an editable install)
@@ -70,6 +78,7 @@ TABLES = (
     Table("tpu-vmem", "docs/tpu.md", tpu_vmem),
     Table("megakernel-diffs", "docs/tpu.md", megakernel_diffs),
     Table("seed-minis", "docs/megakernel.md", seed_minis),
+    Table("seed-minis-public", "docs/megakernel.md", lambda root: seed_minis(root, SEED_MINIS_PUBLIC)),
     Table("megakernel-runs", "docs/tpu.md", megakernel_runs),
     Table("f32-paths", "docs/faults.md", f32_paths),
     Table("drift-parts", "docs/rule.md", drift_parts),

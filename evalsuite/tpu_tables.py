@@ -146,14 +146,16 @@ def _tpu_diffs(diffs: dict) -> str:
 
 
 SEED_MINIS = "benchmarks/results/seed-minis.json"
+# the same matrix with the public TPU kernels' bf16 rounding points (--engine-option rounds=public)
+SEED_MINIS_PUBLIC = "benchmarks/results/seed-minis-public.json"
 
 
-def seed_minis(root: Path) -> str:
+def seed_minis(root: Path, path: str = SEED_MINIS) -> str:
     """The seed MINIs through the megakernel (benchmarks/seed_minis.py): diff and golden check per model, dtype and
     interpret mode, with the race detector's word in TPU interpret mode."""
-    doc = _load(root, SEED_MINIS)
+    doc = _load(root, path)
     if doc is None:
-        return _absent(SEED_MINIS)
+        return _absent(path)
     models = list(dict.fromkeys(r["model"] for r in doc["rows"]))
     order = {k: n for n, k in enumerate((m, d, i) for m in models for d in ("float32", "bfloat16")
                                         for i in ("generic", "tpu"))}
@@ -172,7 +174,8 @@ def seed_minis(root: Path) -> str:
     rows = [[m, d, i, cell(c.get("diff")), cell(c.get("golden"))]
             for (m, d, i), c in sorted(cells.items(), key=lambda kv: order.get(kv[0], 0))]
     how = ", ".join(f"{dt}: `--prompts {p} --max-new-tokens {n}`" for dt, (p, n) in doc["diff_settings"].items())
-    return (_source(SEED_MINIS, how=f" (`python -m benchmarks.seed_minis`; diff {how})")
+    opts = "".join(f" --engine-option {kv}" for kv in doc.get("engine_options") or [])
+    return (_source(path, how=f" (`python -m benchmarks.seed_minis{opts}`; diff {how})")
             + "Each cell: verdict (real mismatches / positions, max |Δlogprob|; in TPU interpret mode the race "
               "detector's finding).\n\n"
             + _table(["model", "dtype", "interpret", "diff", "golden check"], rows))

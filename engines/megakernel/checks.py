@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import jax
 
-from engines.base import DTYPES
+from engines.base import DTYPES, ROUND_POINTS
 from engines.config import Config
 from engines.errors import ModelError, UnsupportedModel
 from engines.megakernel.faults import ALL_FAULTS, BY_NAME, MODEL_NEEDS
+from engines.megakernel.recurrent import PUBLIC_ROUNDS, kinds
 from engines.megakernel.spec import EXPERT_FORMATS, KIND_CODES, MLA_FORMS, SUPPORTED_FEATURES
 from engines.megakernel.tpu import CHIPS
 
@@ -50,3 +51,22 @@ def check_options(c: Config, dtype: str, fault: str | None, interpret: str, kv_c
         raise ModelError(f"--engine-option mla={mla} is the form of MLA layers; {c.name} has none")
     if chip not in CHIPS:
         raise ModelError(f"--engine-option chip={chip!r}: expected one of {', '.join(CHIPS)}")
+
+
+def round_points(c: Config, dtype: str, value: str | None) -> tuple[str, ...]:
+    """--engine-option rounds (None, "none", "public" or a comma list of ROUND_POINTS) as the recipe's points, in
+    ROUND_POINTS' order; () in float32 (float32 is float32). A ModelError names a bad point, or a model with no
+    linear-attention layer to round in."""
+    if value is None or value.strip() in ("", "none"):
+        return ()
+    rec = kinds(c)
+    if not rec:
+        raise ModelError(f"--engine-option rounds={value}: its points are inside linear-attention (GDN, KDA) layers; "
+                         f"{c.name} has none")
+    asked = {p for k in rec for p in PUBLIC_ROUNDS[k]} if value.strip() == "public" else \
+        {p.strip() for p in value.split(",") if p.strip()}
+    bad = sorted(asked - set(ROUND_POINTS))
+    if bad:
+        raise ModelError(f"--engine-option rounds={value}: unknown point {bad[0]!r}; expected public, none or a comma "
+                         f"list of {', '.join(ROUND_POINTS)}")
+    return tuple(p for p in ROUND_POINTS if p in asked) if dtype == "bfloat16" else ()

@@ -38,7 +38,7 @@ from engines.loop import (
 )
 from engines.megakernel import ops, recurrent, replay
 from engines.megakernel.budget import budget
-from engines.megakernel.checks import check_options
+from engines.megakernel.checks import check_options, round_points
 from engines.megakernel.faults import ALL_FAULTS, BY_NAME, FAULTS, Knobs, knobs, rows, stale_feedback
 from engines.megakernel.kernel import KernelSpec, decode_layers, hbm_arrays
 from engines.megakernel.prefill import prefill_hidden
@@ -63,24 +63,26 @@ MAX_SPECS = 6
 
 
 @lru_cache(maxsize=MAX_SPECS)
-def _programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts, mla) -> _Programs:
+def _programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts, mla,
+              rounds) -> _Programs:
     """One _Programs per static spec, shared by every engine built with it (weights are arguments)."""
-    return _Programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts, mla)
+    return _Programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts, mla, rounds)
 
 
 class _Programs:
     """The engine's jitted steps and what they read: the static spec only, never the weights (arguments), so every
     engine with the same spec shares them and a new engine does not trace the kernel again."""
 
-    def __init__(self, c, kn: Knobs, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts, mla):
+    def __init__(self, c, kn: Knobs, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts, mla,
+                 rounds):
         self.config, self.knobs, self.fault_layer, self.n_buffers, self.chip = c, kn, fault_layer, n_buffers, chip
-        self.kv_dtype, self.experts, self.mla = kv_dtype, experts, mla
+        self.kv_dtype, self.experts, self.mla, self.rounds = kv_dtype, experts, mla, rounds
         self.interpret = {"generic": True, "tpu": tpu_interpret_params(), "mosaic": False}[interpret]
         self.batch_invariant = batch_invariant
         # the Pallas steps in the generic interpreter: their lowered programs kept on disk (engines.lowered)
         kernel_jit = partial(lowered.jit, package_dir=Path(__file__).parent, keep=interpret == "generic",
                              spec={"programs": repr((c, kn, fault_layer, n_buffers, batch_invariant, chip, kv_dtype,
-                                                     experts, mla))}, static_argnames=("want_taps", "window"),
+                                                     experts, mla, rounds))}, static_argnames=("want_taps", "window"),
                              donate_argnums=(3,))
         self.final_eps = c.rms_eps if kn.final_norm_eps is None else kn.final_norm_eps  # the decode step's
         self.jitted = {
@@ -88,7 +90,7 @@ class _Programs:
             "_extend": jax.jit(self._extend_impl, static_argnames=("slots",)),
             "_prefix_kv": jax.jit(lambda w, tokens, lengths: prefill_hidden(
                 self.config, w["hbm"], w["embed"], w["rope"], tokens, tokens.shape[1], kv_dtype=self.kv_dtype,
-                lengths=lengths)[1]),
+                lengths=lengths, rounds=self.rounds)[1]),
             "_score": jax.jit(self._score_impl, static_argnames=("want_taps",)),
             "_prefill_routes": jax.jit(partial(replay.prefill_routes, self), static_argnames=("slots",)),
             # the state: caches [La, B, K, S, hd] (and a GDN model's hist, S [Lg, B, ...]), rows on axis 1
@@ -123,17 +125,17 @@ class _Programs:
     def _prefill_impl(self, w, tokens, lengths, slots):
         """Each row's last hidden state [B, D] (its logits come from _head) and the state (caches, GDN state)."""
         x, state, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots,
-                                     kv_dtype=self.kv_dtype, lengths=lengths)
+                                     kv_dtype=self.kv_dtype, rounds=self.rounds, lengths=lengths)
         return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0], state
 
     def _extend_impl(self, w, prefix, tokens, lengths, slots):
         x, state, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots,
-                                     prefix=prefix, kv_dtype=self.kv_dtype, lengths=lengths)
+                                     prefix=prefix, kv_dtype=self.kv_dtype, rounds=self.rounds, lengths=lengths)
         return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0], state
 
     def _score_impl(self, w, tokens, want_taps):
         x, _, taps = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens,
-                                       tokens.shape[1], want_taps, kv_dtype=self.kv_dtype)
+                                       tokens.shape[1], want_taps, kv_dtype=self.kv_dtype, rounds=self.rounds)
         return self._logits(w, x), taps
 
     def _spec(self, batch: int, slots: int, want_taps: bool, window: int | None, dtype: str,
@@ -143,7 +145,7 @@ class _Programs:
         tile = min(MIN_WINDOW if self.batch_invariant else ATTN_TILE, window)
         spec = KernelSpec(self.config, batch, slots, tile, window, self.knobs.only("kernel"),
                           self.fault_layer, self.n_buffers, want_taps, self.interpret, kv_dtype=self.kv_dtype,
-                          experts=self.experts, block=block, mla=self.mla)
+                          experts=self.experts, block=block, mla=self.mla, rounds=self.rounds)
         return replace(spec, vmem_limit=budget(spec, dtype, self.chip).limit)
 
     def _decode_impl(self, w, ids, pos, state, want_taps=False, window=None):
@@ -168,7 +170,7 @@ class MegakernelEngine(Engine):
     max_batch = MAX_BATCH
     streams_results = True  # continuous batching (engines.stream.greedy_stream)
     faults = ALL_FAULTS
-    options = ("batch_invariant", "chip", "experts", "interpret", "kv_cache", "mla")
+    options = ("batch_invariant", "chip", "experts", "interpret", "kv_cache", "mla", "rounds")
     paths = ("prefill_split", "refill", "refill_group", "shrink", "finish_mid_batch", "stop", "shared_prefix",
              "shared_prefix_unaligned", "multi_tile", "teacher_forced")
 
@@ -182,12 +184,14 @@ class MegakernelEngine(Engine):
         return cls(model.weights, options.dtype, fault=options.fault,
                    batch_invariant=flag_option(options.extra, "batch_invariant"),
                    kv_cache=opt("kv_cache") or "float32", chip=opt("chip") or DEFAULT_CHIP,
-                   interpret=opt("interpret") or "generic", experts=opt("experts"), mla=opt("mla"))
+                   interpret=opt("interpret") or "generic", experts=opt("experts"), mla=opt("mla"),
+                   rounds=opt("rounds"))
 
     def __init__(self, weights: Weights, dtype: str = "float32", fault: str | None = None,
                  interpret: str = "generic", fault_layer: int | None = None, n_buffers: int = 2,
                  batch_invariant: bool = False, chip: str = DEFAULT_CHIP, kv_cache: str = "float32",
-                 experts: str | None = None, verify_fault: str | None = None, mla: str | None = None):
+                 experts: str | None = None, verify_fault: str | None = None, mla: str | None = None,
+                 rounds: str | None = None):
         """batch_invariant: every generate() call has one shape whatever the batch (8 rows always, each
         prompt prefilled alone, a fixed attention tile, no shared prefix), so a prompt's tokens and logprobs
         are bitwise the same alone or batched (what vLLM's VLLM_BATCH_INVARIANT=1 promises); slower.
@@ -198,12 +202,15 @@ class MegakernelEngine(Engine):
         experts: "mxfp4" keeps the routed experts in MXFP4 in HBM, dequantised in VMEM (engines.megakernel.mxfp4);
         None: "dense", or "mxfp4" under a fault of MXFP4's own (the fault brings the format it breaks).
         mla: an MLA layer's form (spec.MLA_FORMS); None: "expanded", or a fault's own form.
+        rounds: where bfloat16 mode rounds inside the linear-attention layers, declared in the recipe: "public" (the
+        public TPU kernels' points, recurrent.PUBLIC_ROUNDS), a comma list of engines.recipe.ROUND_POINTS, or None.
         verify_fault: one of engines.megakernel.verify.VERIFY_FAULTS, for the speculative engine's verify step."""
         needs = BY_NAME[fault].needs if fault in ALL_FAULTS else ""
         experts, mla = experts or ("mxfp4" if needs == "mxfp4" else "dense"), mla or (
             "absorbed" if needs == "mla_absorbed" else "expanded")
         check_options(weights.config, dtype, fault, interpret, kv_cache, experts, chip, mla)
         kv_cache = kv_cache if dtype == "bfloat16" else "float32"  # part of the bf16 recipe; float32 is float32
+        self.rounds = rounds = round_points(weights.config, dtype, rounds)
         c = self.config = weights.config
         self.name = "megakernel"
         self.chip, self.kv_cache, self.experts, self.mla = chip, kv_cache, experts, mla
@@ -218,7 +225,7 @@ class MegakernelEngine(Engine):
         if verify_fault is not None:
             self.knobs = kn = replace(kn, **VERIFY_FAULTS[verify_fault][0].set())
         self.verify_fault = verify_fault
-        self.recipe = replace(BF16_RECIPE, kv_cache=kv_cache, mla=mla) if dtype == "bfloat16" else None
+        self.recipe = replace(BF16_RECIPE, kv_cache=kv_cache, mla=mla, rounds=rounds) if dtype != "float32" else None
         self.fault_layer = c.n_layers // 2 if fault_layer is None else fault_layer
         self.n_buffers, self.batch_invariant = n_buffers, batch_invariant
         try:
@@ -238,7 +245,7 @@ class MegakernelEngine(Engine):
                   "final_norm": self.final_norm, "rope": self.rope, "rope_decode": self.rope_decode}
         # the host-side faults leave every jitted program as the faithful engine's, and share it
         programs = _programs(c, kn.only("kernel"), self.fault_layer, n_buffers, interpret, batch_invariant,
-                             chip, kv_cache, experts, mla)
+                             chip, kv_cache, experts, mla, self.rounds)
         self.interpret, self._programs = programs.interpret, programs  # one InterpretParams per spec, as it uses
         j = programs.jitted  # the jitted steps, by name (shared per spec)
         self._prefill, self._extend, self._prefix_kv = j["_prefill"], j["_extend"], j["_prefix_kv"]
@@ -247,7 +254,7 @@ class MegakernelEngine(Engine):
         # a head fault's own head program, over the kernel programs of its kernel knobs (a head fault keyed the
         # kernel's programs too, and every one of its shapes was traced again: 54 s of CI for topk_ids_swapped)
         self._head = _programs(c, kn.only("kernel", "head"), self.fault_layer, n_buffers, interpret, batch_invariant,
-                               chip, kv_cache, experts, mla).jitted["_head"]
+                               chip, kv_cache, experts, mla, self.rounds).jitted["_head"]
         self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its K/V [L, 1, K, P, hd])
         self.share_prefix = True  # False: every row prefilled in full (the benchmark's ablation)
         self._paths = PathLog()
@@ -288,7 +295,7 @@ class MegakernelEngine(Engine):
             "n_buffers": self.n_buffers, "interpret": str(self.interpret), "attn_tile": ATTN_TILE,
             "max_batch": MAX_BATCH, "share_prefix": self.share_prefix,
             "batch_invariant": self.batch_invariant, "chip": self.chip, "kv_cache": self.kv_cache,
-            "experts": self.experts, "mla": self.mla, "verify_fault": self.verify_fault,
+            "experts": self.experts, "mla": self.mla, "rounds": self.rounds, "verify_fault": self.verify_fault,
             "weights": self.weights_sha256})
 
     def _check(self, prompts, max_new):

@@ -282,9 +282,9 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 hist, st = sbuf[s][2 * r], sbuf[s][2 * r + 1]
                 wr = {k: b_[k][...] for k in recurrent.keys(c, name)}
                 if T == 1:
-                    out, hist[...], st[...] = recurrent.layer(c, name, wr, h, hist[...], st[...], kn, eps)
+                    out, hist[...], st[...] = recurrent.layer(c, name, wr, h, hist[...], st[...], kn, eps, spec.rounds)
                 else:  # the block's tokens in order; the state after each is a snapshot (the rollback's)
-                    out, hs, ss = recurrent.block(c, name, wr, h, hist[...], st[...], kn, eps, T)
+                    out, hs, ss = recurrent.block(c, name, wr, h, hist[...], st[...], kn, eps, T, spec.rounds)
                     hist[...], st[...] = hs[T - 1], ss[T - 1]
                     snap_buf[2 * r][...], snap_buf[2 * r + 1][...] = hs, ss
                     cps = [pltpu.make_async_copy(snap_buf[j], snaps[j].at[a], sem_sn.at[j]) for j in (2 * r, 2 * r + 1)]

@@ -35,7 +35,7 @@ def _attend(c: Config, q, k, v, visible, scale: float, sink):
 
 def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: jax.Array, slots: int,
                    want_taps: bool = False, prefix: tuple | None = None, kv_dtype: str = "float32",
-                   lengths: jax.Array | None = None, routes: list | None = None):
+                   lengths: jax.Array | None = None, routes: list | None = None, rounds: tuple[str, ...] = ()):
     """tokens [B, T] (right-padded; padding never reaches a real position, nor a GDN layer's state: lengths [B],
     the real tokens, None = all). Returns the residual stream after the last layer [B, T, D] float32, the state
     (k_cache, v_cache [Lkv, B, heads, slots, width]: spec.cache_shapes; with linear-attention layers their hist and S
@@ -45,7 +45,8 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     prefix: a state of batch 1 (P slots), a prompt prefix every row shares, already prefilled: tokens are then
     the rows' own suffixes at positions P.., attending to the prefix's keys and their own (causally), the
     GDN layers continuing from its state, and the cache holds prefix then suffix. routes: a list each MoE layer's
-    gates [B*T, E] are appended to (nonzero: the experts chosen), for a routing replay."""
+    gates [B*T, E] are appended to (nonzero: the experts chosen), for a routing replay. rounds: the bf16 recipe's
+    rounding points in the linear-attention layers (engines.recipe.ROUND_POINTS)."""
     B, T = tokens.shape
     D, H, hd, L = c.hidden, c.n_heads, c.head_dim, c.n_layers
     Kc, dkc, dvc = cache_dims(c, form := "absorbed" if "mla_uk" in hbm else "expanded")  # an MLA model's form
@@ -78,7 +79,8 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
             kind, r = c.kind(l), 2 * recurrent.kinds(c).index(c.kind(l))
             g = sum(c.kind(j) == kind for j in range(l))  # the layer's index in its kind's stacks
             out, hg, sg = recurrent.prefill(c, kind, {k: hbm[k][g] for k in recurrent.keys(c, kind)},
-                                            h.reshape(B, T, D), rec[r][g], rec[r + 1][g], valid, c.rms_eps)
+                                            h.reshape(B, T, D), rec[r][g], rec[r + 1][g], valid, c.rms_eps,
+                                            rounds)
             rec[r], rec[r + 1] = rec[r].at[g].set(hg), rec[r + 1].at[g].set(sg)
             x = _mlp(c, hbm, add(x, out.reshape(B * T, D), "attn", l), l, experts, add, gelu, blocks, routes)
             taps.append(x.reshape(B, T, D))

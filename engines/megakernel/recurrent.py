@@ -23,6 +23,9 @@ F32 = jnp.float32
 # a tolerance (the l2_eps_outside fault moves it).
 L2_EPS = 1e-6
 RECURRENT_KINDS = ("gdn", "kda")  # in the order their state stacks follow the KV cache in the engine's state
+# the rounding points (engines.recipe.ROUND_POINTS) the public TPU decode kernels use in each kind's layers: Kimi's
+# KDA keeps beta float32, Qwen's GDN rounds its sigmoid (docs/megakernel.md's table); --engine-option rounds=public
+PUBLIC_ROUNDS = {"kda": ("projections", "conv", "out_gate"), "gdn": ("projections", "conv", "beta", "out_gate")}
 GDN_KEYS = ("gdn_qkv", "gdn_z", "gdn_ba", "gdn_conv", "gdn_A_log", "gdn_dt_bias", "gdn_norm", "gdn_out")
 
 
@@ -63,32 +66,40 @@ def l2norm(x: jax.Array, eps_outside: bool = False) -> jax.Array:
     return x / (jnp.sqrt(ss) + L2_EPS) if eps_outside else x * jax.lax.rsqrt(ss + L2_EPS)
 
 
-def project(c: Config, kind: str, h: jax.Array, w: dict):
+def rounder(rounds: tuple[str, ...]):
+    """(x, point) -> x rounded to bf16 where the declared recipe rounds at point (engines.recipe.ROUND_POINTS)."""
+    return lambda x, point: ops.round_to(x, jnp.bfloat16) if point in rounds else x
+
+
+def project(c: Config, kind: str, h: jax.Array, w: dict, rounds: tuple[str, ...] = ()):
     """A layer's projections of normed inputs h [N, D]: raw q|k|v [N, C], the output gate's input [N, Hv*dv] (GDN's
     z, KDA's gate logits) and the state's gates (beta [N, Hv], the log decay: GDN [N, Hv], KDA [N, Hv, dk])."""
     Hk, Hv, dk, dv, _ = dims(c, kind)
-    mixed = ops.mm(h, w[f"{kind}_qkv"])
+    rd = rounder(rounds)
+    proj = lambda x, key: rd(ops.mm(x, w[key]), "projections")  # noqa: E731
+    mixed = proj(h, f"{kind}_qkv")
     rate = jnp.exp(w[f"{kind}_A_log"])  # [1, Hv]
     if kind == "gdn":
-        ba = ops.mm(h, w["gdn_ba"])
+        ba = proj(h, "gdn_ba")
         g = -rate * jax.nn.softplus(ba[:, Hv:] + w["gdn_dt_bias"])  # one decay per value head
-        return mixed, ops.mm(h, w["gdn_z"]), jax.nn.sigmoid(ba[:, :Hv]), g
-    f = (ops.mm(ops.mm(h, w["kda_fa"]), w["kda_fb"]) + w["kda_dt_bias"]).reshape(-1, Hv, dk)
+        return mixed, proj(h, "gdn_z"), rd(jax.nn.sigmoid(ba[:, :Hv]), "beta"), g
+    f = (proj(ops.mm(h, w["kda_fa"]), "kda_fb") + w["kda_dt_bias"]).reshape(-1, Hv, dk)
     rate = rate.reshape(1, Hv, 1)
     # one decay per key channel: Kimi K3's bounded below by -kda_gate_bound, Kimi Linear's softplus
     g = -F32(c.kda_gate_bound) * jax.nn.sigmoid(rate * f) if c.kda_gate_bound else -rate * jax.nn.softplus(f)
-    gate = ops.mm(ops.mm(h, w["kda_ga"]), w["kda_gb"]) if c.kda_out_rank else ops.mm(h, w["kda_g"])
-    return mixed, gate, jax.nn.sigmoid(ops.mm(h, w["kda_b"])), g
+    gate = proj(ops.mm(h, w["kda_ga"]), "kda_gb") if c.kda_out_rank else proj(h, "kda_g")
+    return mixed, gate, rd(jax.nn.sigmoid(proj(h, "kda_b")), "beta"), g
 
 
-def step(c: Config, kind: str, w: dict, mixed, beta, g, hist, S, kn):
+def step(c: Config, kind: str, w: dict, mixed, beta, g, hist, S, kn, rounds: tuple[str, ...] = ()):
     """One token a row: mixed [B, C] raw projections, beta [B, Hv], g the log decay ([B, Hv] or [B, Hv, dk]), hist
     [B, taps-1, C], S [B, Hv, dk, dv] (float32). Returns o [B, Hv, dv] (before the output norm), the new hist and
-    the new S. kn: the fault's knobs."""
+    the new S. kn: the fault's knobs; rounds: the recipe's rounding points."""
     B = mixed.shape[0]
     Hk, Hv, dk, dv, _ = dims(c, kind)
     win = jnp.concatenate([hist, mixed[:, None, :]], axis=1)  # [B, taps, C]: oldest first, this token last
-    act = jax.nn.silu(jnp.sum(win * w[f"{kind}_conv"].astype(F32)[None], axis=1))  # the depthwise causal conv
+    conv = jnp.sum(win * w[f"{kind}_conv"].astype(F32)[None], axis=1)  # the depthwise causal conv
+    act = rounder(rounds)(jax.nn.silu(conv), "conv")
     new_hist = hist if kn.conv_unshifted else win[:, 1:]
     r = Hv // Hk  # key head j serves value heads j*r .. j*r+r-1
 
@@ -117,51 +128,53 @@ def step(c: Config, kind: str, w: dict, mixed, beta, g, hist, S, kn):
     return read(q, S).reshape(B, Hv, dv), new_hist, S.reshape(B, Hv, dk, dv)
 
 
-def finish(c: Config, kind: str, w: dict, o, gate, eps: float) -> jax.Array:
+def finish(c: Config, kind: str, w: dict, o, gate, eps: float, rounds: tuple[str, ...] = ()) -> jax.Array:
     """o [N, Hv, dv], gate [N, Hv*dv] -> the layer's output [N, D]: RMSNorm over each head's dv with the plain
     weight, times silu(z) (GDN) or sigmoid(gate) (KDA), through out."""
     N, Hv, dv = o.shape
-    o = ops.reshape(ops.rmsnorm(o.reshape(N * Hv, dv), w[f"{kind}_norm"], eps), N, Hv * dv)
-    return ops.mm(o * (jax.nn.silu(gate) if kind == "gdn" else jax.nn.sigmoid(gate)), w[f"{kind}_out"])
+    rd = rounder(rounds)
+    o = rd(ops.reshape(ops.rmsnorm(o.reshape(N * Hv, dv), w[f"{kind}_norm"], eps), N, Hv * dv), "out_gate")
+    act = rd(jax.nn.silu(gate) if kind == "gdn" else jax.nn.sigmoid(gate), "out_gate")
+    return ops.mm(rd(o * act, "out_gate"), w[f"{kind}_out"])
 
 
-def layer(c: Config, kind: str, w: dict, h, hist, S, kn, eps: float):
-    """A decode step's recurrent layer on h [B, D]: (out [B, D], hist, S)."""
-    mixed, gate, beta, g = project(c, kind, h, w)
-    o, hist, S = step(c, kind, w, mixed, beta, g, hist, S, kn)
-    return finish(c, kind, w, o, gate, eps), hist, S
+def layer(c: Config, kind: str, w: dict, h, hist, S, kn, eps: float, rounds: tuple[str, ...] = ()):
+    """A decode step's recurrent layer on h [B, D]: (out [B, D], hist, S). rounds: the recipe's rounding points."""
+    mixed, gate, beta, g = project(c, kind, h, w, rounds)
+    o, hist, S = step(c, kind, w, mixed, beta, g, hist, S, kn, rounds)
+    return finish(c, kind, w, o, gate, eps, rounds), hist, S
 
 
-def block(c: Config, kind: str, w: dict, h, hist, S, kn, eps: float, T: int):
+def block(c: Config, kind: str, w: dict, h, hist, S, kn, eps: float, T: int, rounds: tuple[str, ...] = ()):
     """A verify step's recurrent layer on h [B*T, D] (row b*T + t: cache row b's block token t), the tokens of a
     row in order: (out [B*T, D], hist and S after each token [T, B, ...]: the snapshots a rollback restores)."""
     outs, hs, ss = [], [], []
     for t in range(T):
-        out, hist, S = layer(c, kind, w, ops.rows_of(h, t, T), hist, S, kn, eps)
+        out, hist, S = layer(c, kind, w, ops.rows_of(h, t, T), hist, S, kn, eps, rounds)
         outs.append(out)
         hs.append(hist)
         ss.append(S)
     return ops.interleave(outs), jnp.stack(hs), jnp.stack(ss)
 
 
-def prefill(c: Config, kind: str, w: dict, h, hist, S, valid, eps: float):
+def prefill(c: Config, kind: str, w: dict, h, hist, S, valid, eps: float, rounds: tuple[str, ...] = ()):
     """A prefill's recurrent layer on h [B, T, D] from state (hist, S) [B, ...]; valid [B, T]: a row's state moves
     only over its real tokens. Returns (out [B, T, D], hist, S). Never faulted (the prefill is XLA, as on a TPU)."""
     from engines.megakernel.faults import Knobs
 
     B, T, D = h.shape
-    mixed, gate, beta, g = project(c, kind, h.reshape(B * T, D), w)
+    mixed, gate, beta, g = project(c, kind, h.reshape(B * T, D), w, rounds)
 
     def tok(carry, xs):
         hist, S = carry
         m, b, gt, ok = xs
-        o, h1, S1 = step(c, kind, w, m, b, gt, hist, S, Knobs())
+        o, h1, S1 = step(c, kind, w, m, b, gt, hist, S, Knobs(), rounds)
         return (jnp.where(ok[:, None, None], h1, hist), jnp.where(ok[:, None, None, None], S1, S)), o
 
     xs = tuple(a.reshape(B, T, *a.shape[1:]).swapaxes(0, 1) for a in (mixed, beta, g)) + (valid.T,)
     (hist, S), o = jax.lax.scan(tok, (hist, S), xs)
     _, Hv, _, dv, _ = dims(c, kind)
-    out = finish(c, kind, w, o.swapaxes(0, 1).reshape(B * T, Hv, dv), gate, eps)
+    out = finish(c, kind, w, o.swapaxes(0, 1).reshape(B * T, Hv, dv), gate, eps, rounds)
     return out.reshape(B, T, D), hist, S
 
 

@@ -260,6 +260,7 @@ class KernelSpec:
     experts: str = "dense"  # the routed experts' storage in HBM (EXPERT_FORMATS)
     block: int = 1  # tokens a cache row feeds in the step: 1 (decode) or T (a speculative verify: anchor + drafts)
     mla: str = "expanded"  # an MLA layer's form (MLA_FORMS)
+    rounds: tuple[str, ...] = ()  # the bf16 recipe's rounding points in linear-attention layers (Recipe.rounds)
 
     @property
     def rows(self) -> int:

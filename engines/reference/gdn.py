@@ -49,10 +49,16 @@ def expand_heads(x: jax.Array, r: int) -> jax.Array:
     return jnp.repeat(x, r, axis=2)
 
 
-def gated_norm(o: jax.Array, w: jax.Array, z: jax.Array, eps: float, rms_norm) -> jax.Array:
+def no_rounding(x: jax.Array, point: str) -> jax.Array:
+    """A recipe's rounding at a linear-attention point (engines.recipe.ROUND_POINTS) where it rounds none."""
+    return x
+
+
+def gated_norm(o: jax.Array, w: jax.Array, z: jax.Array, eps: float, rms_norm, rnd=no_rounding) -> jax.Array:
     """RMSNorm of o over each value head's dims with a plain weight w (not 1 + w, whatever the model's other
-    norms do), times silu(z)."""
-    return rms_norm(o, w, eps) * jax.nn.silu(z)
+    norms do), times silu(z); rnd(x, "out_gate") where a declared recipe rounds the normed value, the gate and
+    their product."""
+    return rnd(rnd(rms_norm(o, w, eps), "out_gate") * rnd(jax.nn.silu(z), "out_gate"), "out_gate")
 
 
 def delta_rule(q, k, v, beta, g, S, valid):
@@ -73,25 +79,28 @@ def delta_rule(q, k, v, beta, g, S, valid):
     return jnp.moveaxis(o, 0, 1), S
 
 
-def gdn_layer(h, p: dict, i: int, c: Config, conv, S, lengths, matmul, rms_norm, f32):
+def gdn_layer(h, p: dict, i: int, c: Config, conv, S, lengths, matmul, rms_norm, f32, rnd=no_rounding):
     """One GDN layer on the normed input h [B, T, D] (the i-th GDN layer's weights), from state (conv, S).
     lengths [B]: the tokens of this call that are real (the rest is padding). Returns (out [B, T, D], conv, S).
     matmul, rms_norm and f32 are the reference's own (engines.reference.model), so bf16 mode rounds the same
-    matmul inputs and float64_math reaches this layer too."""
+    matmul inputs and float64_math reaches this layer too. rnd(x, point): a declared recipe's rounding at its
+    ROUND_POINTS (engines.recipe), the identity elsewhere."""
     B, T, _ = h.shape
     Hk, Hv, dk, dv = c.gdn_k_heads, c.gdn_v_heads, c.gdn_k_dim, c.gdn_v_dim
-    mixed = jnp.concatenate([matmul(h, p["gdn_q"][i]), matmul(h, p["gdn_k"][i]), matmul(h, p["gdn_v"][i])], -1)
+    proj = lambda name: rnd(matmul(h, p[name][i]), "projections")  # noqa: E731
+    mixed = jnp.concatenate([proj("gdn_q"), proj("gdn_k"), proj("gdn_v")], -1)
     mixed, conv = causal_conv(mixed, conv.astype(f32), p["gdn_conv"][i].astype(f32), lengths)
+    mixed = rnd(mixed, "conv")
     q, k, v = jnp.split(mixed, [Hk * dk, 2 * Hk * dk], axis=-1)
     r = Hv // Hk  # value heads per key head: key head j serves value heads j*r .. j*r+r-1
     q = expand_heads(l2norm(q.reshape(B, T, Hk, dk), f32) * f32(dk ** -0.5), r)
     k = expand_heads(l2norm(k.reshape(B, T, Hk, dk), f32), r)
     v = v.reshape(B, T, Hv, dv)
-    beta = jax.nn.sigmoid(matmul(h, p["gdn_b"][i]))
-    g = -jnp.exp(p["gdn_A_log"][i].astype(f32)) * jax.nn.softplus(matmul(h, p["gdn_a"][i]) + p["gdn_dt_bias"][i])
+    beta = rnd(jax.nn.sigmoid(proj("gdn_b")), "beta")
+    g = -jnp.exp(p["gdn_A_log"][i].astype(f32)) * jax.nn.softplus(proj("gdn_a") + p["gdn_dt_bias"][i])
     valid = jnp.arange(T)[None, :] < lengths[:, None]
     o, S = delta_rule(q, k, v, beta, g, S.astype(f32), valid)
-    o = gated_norm(o, p["gdn_norm"][i], matmul(h, p["gdn_z"][i]).reshape(B, T, Hv, dv), c.rms_eps, rms_norm)
+    o = gated_norm(o, p["gdn_norm"][i], proj("gdn_z").reshape(B, T, Hv, dv), c.rms_eps, rms_norm, rnd)
     return matmul(o.reshape(B, T, Hv * dv), p["gdn_out"][i]), conv, S
 
 

@@ -20,18 +20,21 @@ from engines.config import Config
 from engines.reference import gdn
 
 
-def kda_layer(h, p: dict, i: int, c: Config, conv, S, lengths, matmul, rms_norm, f32):
+def kda_layer(h, p: dict, i: int, c: Config, conv, S, lengths, matmul, rms_norm, f32, rnd=gdn.no_rounding):
     """One KDA layer on the normed input h [B, T, D] (the i-th KDA layer's weights), from state (conv, S);
-    lengths [B] the real tokens of this call. Returns (out [B, T, D], conv, S)."""
+    lengths [B] the real tokens of this call. Returns (out [B, T, D], conv, S). rnd(x, point): a declared
+    recipe's rounding at its ROUND_POINTS (engines.recipe), the identity elsewhere."""
     B, T, _ = h.shape
     H, d = c.kda_heads, c.kda_dim
-    mixed = jnp.concatenate([matmul(h, p["kda_q"][i]), matmul(h, p["kda_k"][i]), matmul(h, p["kda_v"][i])], -1)
+    proj = lambda x, name: rnd(matmul(x, p[name][i]), "projections")  # noqa: E731
+    mixed = jnp.concatenate([proj(h, "kda_q"), proj(h, "kda_k"), proj(h, "kda_v")], -1)
     mixed, conv = gdn.causal_conv(mixed, conv.astype(f32), p["kda_conv"][i].astype(f32), lengths)
+    mixed = rnd(mixed, "conv")
     q, k, v = (x.reshape(B, T, H, d) for x in jnp.split(mixed, 3, axis=-1))
     q = gdn.l2norm(q, f32) * f32(d ** -0.5)
     k = gdn.l2norm(k, f32)
-    beta = jax.nn.sigmoid(matmul(h, p["kda_b"][i]))
-    f = matmul(matmul(h, p["kda_fa"][i]), p["kda_fb"][i]) + p["kda_dt_bias"][i]
+    beta = rnd(jax.nn.sigmoid(proj(h, "kda_b")), "beta")
+    f = proj(matmul(h, p["kda_fa"][i]), "kda_fb") + p["kda_dt_bias"][i]
     rate = jnp.exp(p["kda_A_log"][i].astype(f32))[:, None]  # [H, 1]: one per head, over its channels
     f = f.reshape(B, T, H, d)
     if c.kda_gate_bound:  # Kimi K3: bounded below by -kda_gate_bound
@@ -40,9 +43,10 @@ def kda_layer(h, p: dict, i: int, c: Config, conv, S, lengths, matmul, rms_norm,
         g = -rate * jax.nn.softplus(f)
     valid = jnp.arange(T)[None, :] < lengths[:, None]
     o, S = gdn.delta_rule(q, k, v, beta, g, S.astype(f32), valid)
-    gate = (matmul(matmul(h, p["kda_ga"][i]), p["kda_gb"][i]) if c.kda_out_rank else matmul(h, p["kda_g"][i]))
+    gate = proj(matmul(h, p["kda_ga"][i]), "kda_gb") if c.kda_out_rank else proj(h, "kda_g")
     gate = gate.reshape(B, T, H, d)
-    o = rms_norm(o, p["kda_norm"][i], c.rms_eps) * jax.nn.sigmoid(gate)
+    o = rnd(rnd(rms_norm(o, p["kda_norm"][i], c.rms_eps), "out_gate") * rnd(jax.nn.sigmoid(gate), "out_gate"),
+            "out_gate")
     return matmul(o.reshape(B, T, H * d), p["kda_out"][i]), conv, S
 
 

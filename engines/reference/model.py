@@ -299,7 +299,7 @@ def _mixer(h, p: dict, c: Config, layer: int, kc, vc, ctx: dict):
     kind, positions, fresh = c.kind(layer), ctx["positions"], ctx["fresh"]
     if kind in ("gdn", "kda"):
         layer_fn, index = (gdn.gdn_layer, c.gdn_layers) if kind == "gdn" else (kda.kda_layer, c.kda_layers)
-        return layer_fn(h, p, index.index(layer), c, kc, vc, ctx["lengths"], matmul, rms_norm, f32)
+        return layer_fn(h, p, index.index(layer), c, kc, vc, ctx["lengths"], matmul, rms_norm, f32, ctx["rnd"])
     if kind == "mla":
         def attend(q, k, v, kc, vc, scale):
             return (causal_attention(q, k, v, positions, scale=scale) if fresh
@@ -347,6 +347,7 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
                lengths=jnp.full((B,), T, jnp.int32) if lengths is None else lengths,
                kv_dt=recipe.kv_cache if recipe is not None else "float32",
                mla_form=recipe.mla if recipe is not None else "expanded",
+               rnd=lambda x, at: recipe_round(x, "bfloat16" if recipe and recipe.rounds_at(at) else "float32"),
                ropes={kind: rope_cos_sin(positions, c.rope_dim, *rope.inv_freq(c, kind))
                       for kind in {c.kind(i) for i in c.attn_layers}},
                mla_rope=rope_cos_sin(positions, c.mla_rope_dim, c.rope_theta) if c.mla_rope else None)
