@@ -17,7 +17,7 @@ INTERPRET_MODES = ("generic", "tpu", "mosaic")  # mosaic: compiled by Mosaic, on
 
 
 def check_options(c: Config, dtype: str, fault: str | None, interpret: str, kv_cache: str, experts: str,
-                  chip: str, mla: str = "expanded") -> None:
+                  chip: str, mla: str = "expanded", residual: str = "float32") -> None:
     """A ModelError for a bad setting, UnsupportedModel for layers the kernel does not implement."""
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
@@ -41,6 +41,8 @@ def check_options(c: Config, dtype: str, fault: str | None, interpret: str, kv_c
                                f"(model {c.name}); use --engine reference, or another engine")
     if kv_cache not in DTYPES:
         raise ModelError(f"--engine-option kv_cache={kv_cache!r}: expected one of {', '.join(DTYPES)}")
+    if residual not in DTYPES:
+        raise ModelError(f"--engine-option residual={residual!r}: expected one of {', '.join(DTYPES)}")
     if experts not in EXPERT_FORMATS:
         raise ModelError(f"--engine-option experts={experts!r}: expected one of {', '.join(EXPERT_FORMATS)}")
     if needs == "mxfp4" and experts != "mxfp4":

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from functools import lru_cache, partial
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from engines import compile_cache, lowered
+from engines import compile_cache
 from engines.base import (
     Capabilities,
     Engine,
@@ -36,131 +35,24 @@ from engines.loop import (
     forced_from_decode,
     greedy_all,
 )
-from engines.megakernel import ops, recurrent, replay
+from engines.megakernel import recurrent, replay
 from engines.megakernel.budget import budget
 from engines.megakernel.checks import check_options, round_points
-from engines.megakernel.faults import ALL_FAULTS, BY_NAME, FAULTS, Knobs, knobs, rows, stale_feedback
+from engines.megakernel.faults import ALL_FAULTS, BY_NAME, FAULTS, knobs, rows, stale_feedback
 from engines.megakernel.kernel import KernelSpec, decode_layers, hbm_arrays
-from engines.megakernel.prefill import prefill_hidden
-from engines.megakernel.spec import cache_shapes, mode_dtype, norm_weight, rope_arrays
+from engines.megakernel.programs import ATTN_TILE, _programs
+from engines.megakernel.spec import cache_shapes, norm_weight, rope_arrays
 from engines.megakernel.tpu import DEFAULT_CHIP, lower, race_checks, races_found, tpu_interpret_params
-from engines.megakernel.verify import VERIFY_FAULTS, kernel_block
+from engines.megakernel.verify import VERIFY_FAULTS
 from engines.weights import Weights
 
 F32 = jnp.float32
 MAX_BATCH = 8  # the kernel's rows per call (each row at its own position)
-ATTN_TILE = 128  # cache positions per online-softmax step (or all slots when fewer)
-# bfloat16 mode as declared to the judge: bf16 matrices and matmul inputs, f32 accumulation, and the router, the
-# residual stream and the KV cache in float32 (the norms and the router bias are float32 in every recipe); Qwen3-Next's
-# shared-expert gate vector float32 too
+# bfloat16 mode as declared to the judge by default: bf16 matrices and matmul inputs, f32 accumulation, and the router,
+# the residual stream and the KV cache in float32 (the norms and the router bias are float32 in every recipe);
+# Qwen3-Next's shared-expert gate vector float32 too. kv_cache, residual and rounds move it to the public kernels'.
 BF16_RECIPE = Recipe(f32_weights=("router", "shared_gate"))
 
-
-# Static specs whose compiled programs are kept. Each costs memory maps for its code (mini-llama's generate: about
-# 630 a spec, the same with its steps read back from disk, engines.lowered); past vm.max_map_count (65,530) LLVM aborts
-# (the float32 detection recheck with 16 kept). 6 keeps a run's faithful, faulty, bf16 and float32-build specs.
-MAX_SPECS = 6
-
-
-@lru_cache(maxsize=MAX_SPECS)
-def _programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts, mla,
-              rounds) -> _Programs:
-    """One _Programs per static spec, shared by every engine built with it (weights are arguments)."""
-    return _Programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts, mla, rounds)
-
-
-class _Programs:
-    """The engine's jitted steps and what they read: the static spec only, never the weights (arguments), so every
-    engine with the same spec shares them and a new engine does not trace the kernel again."""
-
-    def __init__(self, c, kn: Knobs, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts, mla,
-                 rounds):
-        self.config, self.knobs, self.fault_layer, self.n_buffers, self.chip = c, kn, fault_layer, n_buffers, chip
-        self.kv_dtype, self.experts, self.mla, self.rounds = kv_dtype, experts, mla, rounds
-        self.interpret = {"generic": True, "tpu": tpu_interpret_params(), "mosaic": False}[interpret]
-        self.batch_invariant = batch_invariant
-        # the Pallas steps in the generic interpreter: their lowered programs kept on disk (engines.lowered)
-        kernel_jit = partial(lowered.jit, package_dir=Path(__file__).parent, keep=interpret == "generic",
-                             spec={"programs": repr((c, kn, fault_layer, n_buffers, batch_invariant, chip, kv_dtype,
-                                                     experts, mla, rounds))}, static_argnames=("want_taps", "window"),
-                             donate_argnums=(3,))
-        self.final_eps = c.rms_eps if kn.final_norm_eps is None else kn.final_norm_eps  # the decode step's
-        self.jitted = {
-            "_prefill": jax.jit(self._prefill_impl, static_argnames=("slots",)),
-            "_extend": jax.jit(self._extend_impl, static_argnames=("slots",)),
-            "_prefix_kv": jax.jit(lambda w, tokens, lengths: prefill_hidden(
-                self.config, w["hbm"], w["embed"], w["rope"], tokens, tokens.shape[1], kv_dtype=self.kv_dtype,
-                lengths=lengths, rounds=self.rounds)[1]),
-            "_score": jax.jit(self._score_impl, static_argnames=("want_taps",)),
-            "_prefill_routes": jax.jit(partial(replay.prefill_routes, self), static_argnames=("slots",)),
-            # the state: caches [La, B, K, S, hd] (and a GDN model's hist, S [Lg, B, ...]), rows on axis 1
-            "_gather": jax.jit(lambda state, keep: tuple(a[:, keep] for a in state)),
-            "_put": jax.jit(lambda state, rows, where, src: tuple(a.at[:, where].set(r[:, src])
-                                                                  for a, r in zip(state, rows)),
-                            donate_argnums=(0,)),
-            # The decode step is two programs: the kernel (keyed by its shape: rows, slots, window, taps) and the head
-            # (final norm, logits, top-k; keyed by k and want_logits). One program for both traced and lowered the
-            # kernel again for every (k, want_logits) a caller used, about 1.6 s each for mini-llama.
-            "_decode": kernel_jit(self._decode_impl, "_decode"),
-            "_head": jax.jit(self._head_impl, static_argnames=("k", "want_logits", "decode")),
-            "_verify": kernel_jit(partial(kernel_block, self), "_verify"),
-        }
-
-    # ---- jitted pieces -------------------------------------------------------------------------
-    def _logits(self, w, x, eps=None):
-        c = self.config
-        logits = ops.mm(ops.rmsnorm(x, w["final_norm"], c.rms_eps if eps is None else eps), w["head_t"])
-        return ops.softcap(logits * c.logit_scale if c.logit_scale != 1.0 else logits, c.final_softcap)  # Muse's
-
-    def _pick(self, logits, k, want_logits):
-        z = logits - jnp.max(logits, axis=-1, keepdims=True)
-        logp = z - jnp.log(jnp.sum(jnp.exp(z), axis=-1, keepdims=True))
-        top_v, top_i = jax.lax.top_k(logp, k)
-        if self.knobs.topk_renormalized:  # log-softmax over the k ids instead of the vocabulary
-            top_v = top_v - jax.nn.logsumexp(top_v, axis=-1, keepdims=True)
-        if self.knobs.topk_ranks_swapped and k >= 3:  # ranks 2 and 3 carry each other's ids
-            top_i = top_i.at[:, 1:3].set(top_i[:, 2:0:-1])
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32), top_i, top_v, (logits if want_logits else None)
-
-    def _prefill_impl(self, w, tokens, lengths, slots):
-        """Each row's last hidden state [B, D] (its logits come from _head) and the state (caches, GDN state)."""
-        x, state, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots,
-                                     kv_dtype=self.kv_dtype, rounds=self.rounds, lengths=lengths)
-        return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0], state
-
-    def _extend_impl(self, w, prefix, tokens, lengths, slots):
-        x, state, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots,
-                                     prefix=prefix, kv_dtype=self.kv_dtype, rounds=self.rounds, lengths=lengths)
-        return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0], state
-
-    def _score_impl(self, w, tokens, want_taps):
-        x, _, taps = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens,
-                                       tokens.shape[1], want_taps, kv_dtype=self.kv_dtype, rounds=self.rounds)
-        return self._logits(w, x), taps
-
-    def _spec(self, batch: int, slots: int, want_taps: bool, window: int | None, dtype: str,
-              block: int = 1) -> KernelSpec:
-        window = window or slots
-        # invariant: one tiling for every window (generate's windows are all multiples of MIN_WINDOW)
-        tile = min(MIN_WINDOW if self.batch_invariant else ATTN_TILE, window)
-        spec = KernelSpec(self.config, batch, slots, tile, window, self.knobs.only("kernel"),
-                          self.fault_layer, self.n_buffers, want_taps, self.interpret, kv_dtype=self.kv_dtype,
-                          experts=self.experts, block=block, mla=self.mla, rounds=self.rounds)
-        return replace(spec, vmem_limit=budget(spec, dtype, self.chip).limit)
-
-    def _decode_impl(self, w, ids, pos, state, want_taps=False, window=None):
-        """The kernel step: hidden states after the last layer [B, D], the updated state, taps."""
-        spec = self._spec(ids.shape[0], state[0].shape[3], want_taps, window, str(mode_dtype(w["hbm"])))
-        x = ops.embedded(self.config, w["embed"], ids)
-        x, kc, vc, taps, *rec = decode_layers(spec, w["hbm"], x, pos, state[0], state[1], w["rope_decode"],
-                                              tuple(state[2:]))
-        routed = want_taps and self.config.n_moe_layers  # with taps: (taps, each MoE layer's gates or None)
-        return x, (kc, vc, *(rec[:-1] if routed else rec)), ((taps, rec[-1] if routed else None) if want_taps else taps)
-
-    def _head_impl(self, w, x, k, want_logits, decode):
-        """Final norm, logits and top-k of hidden states [B, D]. Only the kernel's (decode) head takes a
-        final-norm fault: the prefill is XLA and never faulted."""
-        return self._pick(self._logits(w, x, self.final_eps if decode else None), k, want_logits)
 
 class MegakernelEngine(Engine):
     """dtype "float32" (all f32) or "bfloat16" (bf16 weights, f32 accumulation and residual stream, the KV cache f32
@@ -170,7 +62,7 @@ class MegakernelEngine(Engine):
     max_batch = MAX_BATCH
     streams_results = True  # continuous batching (engines.stream.greedy_stream)
     faults = ALL_FAULTS
-    options = ("batch_invariant", "chip", "experts", "interpret", "kv_cache", "mla", "rounds")
+    options = ("batch_invariant", "chip", "experts", "interpret", "kv_cache", "mla", "residual", "rounds")
     paths = ("prefill_split", "refill", "refill_group", "shrink", "finish_mid_batch", "stop", "shared_prefix",
              "shared_prefix_unaligned", "multi_tile", "teacher_forced")
 
@@ -185,13 +77,13 @@ class MegakernelEngine(Engine):
                    batch_invariant=flag_option(options.extra, "batch_invariant"),
                    kv_cache=opt("kv_cache") or "float32", chip=opt("chip") or DEFAULT_CHIP,
                    interpret=opt("interpret") or "generic", experts=opt("experts"), mla=opt("mla"),
-                   rounds=opt("rounds"))
+                   rounds=opt("rounds"), residual=opt("residual") or "float32")
 
     def __init__(self, weights: Weights, dtype: str = "float32", fault: str | None = None,
                  interpret: str = "generic", fault_layer: int | None = None, n_buffers: int = 2,
                  batch_invariant: bool = False, chip: str = DEFAULT_CHIP, kv_cache: str = "float32",
                  experts: str | None = None, verify_fault: str | None = None, mla: str | None = None,
-                 rounds: str | None = None):
+                 rounds: str | None = None, residual: str = "float32"):
         """batch_invariant: every generate() call has one shape whatever the batch (8 rows always, each
         prompt prefilled alone, a fixed attention tile, no shared prefix), so a prompt's tokens and logprobs
         are bitwise the same alone or batched (what vLLM's VLLM_BATCH_INVARIANT=1 promises); slower.
@@ -204,16 +96,18 @@ class MegakernelEngine(Engine):
         mla: an MLA layer's form (spec.MLA_FORMS); None: "expanded", or a fault's own form.
         rounds: where bfloat16 mode rounds inside the linear-attention layers, declared in the recipe: "public" (the
         public TPU kernels' points, recurrent.PUBLIC_ROUNDS), a comma list of engines.recipe.ROUND_POINTS, or None.
+        residual: what bfloat16 mode rounds the residual stream to after each add (the public Kimi and Qwen kernels:
+        bfloat16), declared in the recipe; float32 mode keeps float32.
         verify_fault: one of engines.megakernel.verify.VERIFY_FAULTS, for the speculative engine's verify step."""
         needs = BY_NAME[fault].needs if fault in ALL_FAULTS else ""
         experts, mla = experts or ("mxfp4" if needs == "mxfp4" else "dense"), mla or (
             "absorbed" if needs == "mla_absorbed" else "expanded")
-        check_options(weights.config, dtype, fault, interpret, kv_cache, experts, chip, mla)
-        kv_cache = kv_cache if dtype == "bfloat16" else "float32"  # part of the bf16 recipe; float32 is float32
+        check_options(weights.config, dtype, fault, interpret, kv_cache, experts, chip, mla, residual)
+        kv_cache, residual = (kv_cache, residual) if dtype == "bfloat16" else ("float32", "float32")  # the bf16 recipe
         self.rounds = rounds = round_points(weights.config, dtype, rounds)
         c = self.config = weights.config
         self.name = "megakernel"
-        self.chip, self.kv_cache, self.experts, self.mla = chip, kv_cache, experts, mla
+        self.chip, self.kv_cache, self.experts, self.mla, self.residual = chip, kv_cache, experts, mla, residual
         largest = KernelSpec(c, MAX_BATCH, ATTN_TILE, MIN_WINDOW if batch_invariant else ATTN_TILE, want_taps=True,
                              kv_dtype=kv_cache, experts=experts, mla=mla)
         refused = budget(largest, dtype, chip).refusal(f"the megakernel's decode step for {c.name} in {dtype}")
@@ -225,7 +119,8 @@ class MegakernelEngine(Engine):
         if verify_fault is not None:
             self.knobs = kn = replace(kn, **VERIFY_FAULTS[verify_fault][0].set())
         self.verify_fault = verify_fault
-        self.recipe = replace(BF16_RECIPE, kv_cache=kv_cache, mla=mla, rounds=rounds) if dtype != "float32" else None
+        self.recipe = replace(BF16_RECIPE, kv_cache=kv_cache, mla=mla, rounds=rounds, residual=residual) \
+            if dtype != "float32" else None
         self.fault_layer = c.n_layers // 2 if fault_layer is None else fault_layer
         self.n_buffers, self.batch_invariant = n_buffers, batch_invariant
         try:
@@ -245,7 +140,7 @@ class MegakernelEngine(Engine):
                   "final_norm": self.final_norm, "rope": self.rope, "rope_decode": self.rope_decode}
         # the host-side faults leave every jitted program as the faithful engine's, and share it
         programs = _programs(c, kn.only("kernel"), self.fault_layer, n_buffers, interpret, batch_invariant,
-                             chip, kv_cache, experts, mla, self.rounds)
+                             chip, kv_cache, experts, mla, rounds, residual)
         self.interpret, self._programs = programs.interpret, programs  # one InterpretParams per spec, as it uses
         j = programs.jitted  # the jitted steps, by name (shared per spec)
         self._prefill, self._extend, self._prefix_kv = j["_prefill"], j["_extend"], j["_prefix_kv"]
@@ -254,7 +149,7 @@ class MegakernelEngine(Engine):
         # a head fault's own head program, over the kernel programs of its kernel knobs (a head fault keyed the
         # kernel's programs too, and every one of its shapes was traced again: 54 s of CI for topk_ids_swapped)
         self._head = _programs(c, kn.only("kernel", "head"), self.fault_layer, n_buffers, interpret, batch_invariant,
-                               chip, kv_cache, experts, mla, self.rounds).jitted["_head"]
+                               chip, kv_cache, experts, mla, rounds, residual).jitted["_head"]
         self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its K/V [L, 1, K, P, hd])
         self.share_prefix = True  # False: every row prefilled in full (the benchmark's ablation)
         self._paths = PathLog()
@@ -295,7 +190,8 @@ class MegakernelEngine(Engine):
             "n_buffers": self.n_buffers, "interpret": str(self.interpret), "attn_tile": ATTN_TILE,
             "max_batch": MAX_BATCH, "share_prefix": self.share_prefix,
             "batch_invariant": self.batch_invariant, "chip": self.chip, "kv_cache": self.kv_cache,
-            "experts": self.experts, "mla": self.mla, "rounds": self.rounds, "verify_fault": self.verify_fault,
+            "experts": self.experts, "mla": self.mla, "rounds": self.rounds, "residual": self.residual,
+            "verify_fault": self.verify_fault,
             "weights": self.weights_sha256})
 
     def _check(self, prompts, max_new):

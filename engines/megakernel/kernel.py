@@ -80,7 +80,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
     windowed, win = attention.window(spec)
     ares = c.attn_res_block  # K3's attention residuals: the stream is a depth mixture over blocks of ares layers
     NB = -(-L // ares) if ares else 0
-    kvd = jnp.dtype(spec.kv_dtype)
+    kvd, res_dt = jnp.dtype(spec.kv_dtype), jnp.dtype(spec.residual)
     assert k_cache.dtype == kvd and v_cache.dtype == kvd, (k_cache.dtype, spec.kv_dtype)
 
     def kernel(*refs):
@@ -220,8 +220,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                     x_out[...] = jnp.zeros((R, D), F32)
             x = x_out[...]
 
-            def add(x, y, branch):  # the residual update by branch "attn" or "mlp"'s output y
-                return ops.residual(c, x, y, branch, lambda key: b_[key][...], eps)
+            def add(x, y, branch):  # the residual update by branch "attn" or "mlp"'s output y, rounded as declared
+                return ops.round_to(ops.residual(c, x, y, branch, lambda key: b_[key][...], eps), res_dt)
 
             def attention_layer():
                 q = ops.mm(h, b_["wq"][...])  # [R, H*hd]
@@ -276,7 +276,7 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 newk[pl.ds(a, 1)] = ops.reshape(k, 1, R, Kc, 1, dkc).astype(kvd)
                 newv[pl.ds(a, 1)] = ops.reshape(v, 1, R, Kc, 1, dvc).astype(kvd)
                 out = attention.attend(spec, q, k, v, blk_v[...], False, 0, live, kv_tile, kbufs, vbufs, None, True)
-                x_out[...] = x + mla.output(c, {key: b_[key][...] for key in xk}, h, out)
+                x_out[...] = ops.round_to(x + mla.output(c, {key: b_[key][...] for key in xk}, h, out), res_dt)
 
             def recurrent_layer(r, name):
                 hist, st = sbuf[s][2 * r], sbuf[s][2 * r + 1]

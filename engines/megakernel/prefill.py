@@ -35,7 +35,8 @@ def _attend(c: Config, q, k, v, visible, scale: float, sink):
 
 def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: jax.Array, slots: int,
                    want_taps: bool = False, prefix: tuple | None = None, kv_dtype: str = "float32",
-                   lengths: jax.Array | None = None, routes: list | None = None, rounds: tuple[str, ...] = ()):
+                   lengths: jax.Array | None = None, routes: list | None = None, rounds: tuple[str, ...] = (),
+                   residual: str = "float32"):
     """tokens [B, T] (right-padded; padding never reaches a real position, nor a GDN layer's state: lengths [B],
     the real tokens, None = all). Returns the residual stream after the last layer [B, T, D] float32, the state
     (k_cache, v_cache [Lkv, B, heads, slots, width]: spec.cache_shapes; with linear-attention layers their hist and S
@@ -46,7 +47,8 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     the rows' own suffixes at positions P.., attending to the prefix's keys and their own (causally), the
     GDN layers continuing from its state, and the cache holds prefix then suffix. routes: a list each MoE layer's
     gates [B*T, E] are appended to (nonzero: the experts chosen), for a routing replay. rounds: the bf16 recipe's
-    rounding points in the linear-attention layers (engines.recipe.ROUND_POINTS)."""
+    rounding points in the linear-attention layers (engines.recipe.ROUND_POINTS); residual: what the stream is
+    rounded to after each add."""
     B, T = tokens.shape
     D, H, hd, L = c.hidden, c.n_heads, c.head_dim, c.n_layers
     Kc, dkc, dvc = cache_dims(c, form := "absorbed" if "mla_uk" in hbm else "expanded")  # an MLA model's form
@@ -67,8 +69,8 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     local = causal & (kpos > qpos - c.sliding_window)  # a sliding layer's window
     gelu = c.mlp_act == "gelu_tanh"
     experts = "mxfp4" if "e_gate_q" in hbm else "dense"  # the routed experts' storage (engines.megakernel.mxfp4)
-    def add(x, y, branch, l):  # the residual update (Gemma's post-norms, Muse's gates: ops.residual)
-        return ops.residual(c, x, y, branch, lambda key: hbm[key][l], c.rms_eps)
+    def add(x, y, branch, l):  # the residual update (Gemma's post-norms, Muse's gates: ops.residual), as declared
+        return ops.round_to(ops.residual(c, x, y, branch, lambda key: hbm[key][l], c.rms_eps), jnp.dtype(residual))
     taps, blocks, ares = [], [], c.attn_res_block  # K3: the depth mixture's finished blocks
     for l in range(L):
         xin = ops.depth_mix(hbm["res_attn"][l], blocks, (l - 1) // ares + 1, x, c.rms_eps) if ares else x

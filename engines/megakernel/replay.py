@@ -21,7 +21,7 @@ def prefill_routes(programs, w, tokens, lengths, slots):
     routes: list = []
     x, state, _ = prefill_hidden(programs.config, w["hbm"], w["embed"], w["rope"], tokens, slots,
                                  kv_dtype=programs.kv_dtype, lengths=lengths, routes=routes,
-                                 rounds=programs.rounds)
+                                 rounds=programs.rounds, residual=programs.residual)
     last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]
     return last, state, jnp.stack([g.reshape(*tokens.shape, -1) for g in routes])
 

@@ -261,6 +261,7 @@ class KernelSpec:
     block: int = 1  # tokens a cache row feeds in the step: 1 (decode) or T (a speculative verify: anchor + drafts)
     mla: str = "expanded"  # an MLA layer's form (MLA_FORMS)
     rounds: tuple[str, ...] = ()  # the bf16 recipe's rounding points in linear-attention layers (Recipe.rounds)
+    residual: str = "float32"  # what the residual stream is rounded to after each add (Recipe.residual)
 
     @property
     def rows(self) -> int:
