@@ -86,7 +86,8 @@ def every_lowering_engine(request, mini_llama, mini_moe):
 
 
 def test_each_configuration_axis_lowers_for_tpu(lowering_engines):
-    """Every value of every axis lowered: family (dense, MoE, Qwen2, Gemma 2 and 3, gpt-oss), dtype, KV dtype, batch
+    """Every value of every axis lowered: family (dense, MoE, Qwen2, Gemma 2 and 3, gpt-oss), dtype, KV dtype, the
+    bf16 residual and rounding points, batch
     bucket, window (the first, one of two tiles, the last), taps, the verify step (block 4) with its fault, and each
     kernel fault in the dtype where it acts (a
     bf16-only fault is a float32 no-op; a family mini takes its own faults). The full cross product is the heavy
@@ -104,6 +105,10 @@ def test_each_configuration_axis_lowers_for_tpu(lowering_engines):
             check_lowered(MegakernelEngine(weights, eng.dtype, experts="mxfp4"), 4, 3 * MIN_WINDOW)
         if eng.dtype == "bfloat16":  # the bf16 KV cache: its tiles and staging in bf16, counted so by the budget
             check_lowered(MegakernelEngine(weights, eng.dtype, kv_cache="bfloat16"), 4, 3 * MIN_WINDOW)
+            # the public kernels' recipe: the stream rounded after every add, a linear-attention layer's points
+            public = "public" if any(k in eng.config.layer_kinds for k in ("gdn", "kda")) else None
+            check_lowered(MegakernelEngine(weights, eng.dtype, kv_cache="bfloat16", residual="bfloat16",
+                                           rounds=public), 2, 2 * MIN_WINDOW)
         # the speculative verify step (4 query rows a cache row; a recurrent model's state snapshots), every family
         check_lowered(eng, 2, ws[1], block=4)
         if eng.config.name == "mini-llama":  # and its one fault, the block's causal mask off by one
