@@ -81,3 +81,29 @@ BAD_INPUT = [
 def test_benchmark_scripts_refuse_bad_input_in_one_line(module, args, why):
     p = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and why in p.stderr, (args, p.stderr)
+
+
+def test_seed_minis_passes_engine_options_and_keeps_rows_of_the_same_settings_only(tmp_path, monkeypatch):
+    """--engine-option reaches every run's argv; --resume keeps a finished row only when its argv (the options
+    included) is this invocation's, so rows of another recipe are run again, not mixed in."""
+    import json
+
+    from benchmarks import seed_minis
+
+    args = seed_minis.argv("diff", "mini-qwen-hybrid", "bfloat16", "generic", ("rounds=public", "residual=bfloat16"))
+    i = args.index("rounds=public")
+    assert args[i - 1] == "--engine-option" and args[i + 1:i + 3] == ["--engine-option", "residual=bfloat16"]
+    key = ("golden", "mini-qwen-hybrid", "bfloat16", "generic")
+    row = dict(zip(("command", "model", "dtype", "interpret"), key)) | {"verdict": "PASS", "seconds": 1.0,
+                                                                         "argv": seed_minis.argv(*key)}
+    out = tmp_path / "m.json"
+    out.write_text(json.dumps({"rows": [row]}))
+    ran = []
+    monkeypatch.setattr(seed_minis, "run_one", lambda k, extra=(): ran.append((k, extra)) or {
+        **row, "argv": seed_minis.argv(*k, extra)})
+    common = ["--out", str(out), "--resume", "--models", "mini-qwen-hybrid", "--dtypes", "bfloat16", "--modes",
+              "generic", "--commands", "golden"]
+    assert seed_minis.main(common) == 0 and ran == []  # the same settings: kept
+    assert seed_minis.main([*common, "--engine-option", "rounds=public"]) == 0
+    assert ran == [(key, ("rounds=public",))]
+    assert json.loads(out.read_text())["engine_options"] == ["rounds=public"]
