@@ -10,7 +10,7 @@ Engine options (--engine-option KEY=VALUE):
   drafter  ngram (default), layers:N, oracle, random, sweep (engines.spec.drafters)
   block    T, the tokens a verify step takes a row: the anchor and T-1 drafts (default 4)
   seed     the random drafter's seed (default 0)
-  interpret, chip  the megakernel target's own (engines.megakernel: interpret=mosaic compiles it for a TPU)
+  interpret, chip, kv_cache, experts, mla, residual, rounds  the megakernel target's own (engines.megakernel)
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ FAULTS = (
      "target=megakernel (the kernel's verify step), any drafts"),
 )
 KERNEL_FAULTS = {"block_mask": "block_mask_ahead"}  # faults inside the megakernel's verify step
-TARGET_OPTIONS = ("interpret", "chip", "kv_cache", "experts", "mla")  # passed to the megakernel target
+# passed to the megakernel target (its bf16 recipe's kv_cache, residual and rounds among them: the judge runs it)
+TARGET_OPTIONS = ("interpret", "chip", "kv_cache", "experts", "mla", "residual", "rounds")
 
 
 @dataclass

@@ -127,12 +127,13 @@ def test_the_megakernel_as_target(name):
 
 
 def test_the_megakernel_targets_own_options_reach_it():
-    """kv_cache, experts and mla are the megakernel's options: the speculative engine passes them to its target, whose
-    declared bf16 recipe (what diff's judge is built in) says so."""
+    """kv_cache, experts, mla, residual and rounds are the megakernel's options: the speculative engine passes them to
+    its target, whose declared bf16 recipe (what diff's judge is built in) says so."""
     m = load_model("mini-kimi-linear")
-    e = SpeculativeEngine.create(m, EngineOptions(dtype="bfloat16", extra={"target": "megakernel", "mla": "absorbed",
-                                                                           "kv_cache": "bfloat16"}))
+    e = SpeculativeEngine.create(m, EngineOptions(dtype="bfloat16", extra={
+        "target": "megakernel", "mla": "absorbed", "kv_cache": "bfloat16", "residual": "bfloat16", "rounds": "public"}))
     assert e.recipe.mla == "absorbed" and e.recipe.kv_cache == "bfloat16" and e.recipe == e.target.recipe
+    assert e.recipe.residual == "bfloat16" and e.recipe.rounds == ("projections", "conv", "out_gate")
 
 
 @pytest.mark.heavy
