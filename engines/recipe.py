@@ -51,3 +51,6 @@ class Recipe:
                 "f32_weights": ["norms", "biases", *self.f32_weights], "residual": self.residual,
                 **({"mla": self.mla} if self.mla != "expanded" else {}),
                 **({"rounds": list(self.rounds)} if self.rounds else {})}
+
+
+FLOAT32 = Recipe()  # nothing rounded: a float32 engine's numerics (and the defaults of a bf16 one)

@@ -108,8 +108,10 @@ class MegakernelEngine(Engine):
         c = self.config = weights.config
         self.name = "megakernel"
         self.chip, self.kv_cache, self.experts, self.mla, self.residual = chip, kv_cache, experts, mla, residual
+        # where the kernel rounds: the declared bf16 recipe's settings (float32: nothing), one value every program takes
+        self.numerics = numerics = Recipe(kv_cache=kv_cache, residual=residual, mla=mla, rounds=rounds)
         largest = KernelSpec(c, MAX_BATCH, ATTN_TILE, MIN_WINDOW if batch_invariant else ATTN_TILE, want_taps=True,
-                             kv_dtype=kv_cache, experts=experts, mla=mla)
+                             experts=experts, numerics=numerics)
         refused = budget(largest, dtype, chip).refusal(f"the megakernel's decode step for {c.name} in {dtype}")
         if refused:
             raise UnsupportedModel(refused)
@@ -119,8 +121,7 @@ class MegakernelEngine(Engine):
         if verify_fault is not None:
             self.knobs = kn = replace(kn, **VERIFY_FAULTS[verify_fault][0].set())
         self.verify_fault = verify_fault
-        self.recipe = replace(BF16_RECIPE, kv_cache=kv_cache, mla=mla, rounds=rounds, residual=residual) \
-            if dtype != "float32" else None
+        self.recipe = replace(numerics, f32_weights=BF16_RECIPE.f32_weights) if dtype != "float32" else None
         self.fault_layer = c.n_layers // 2 if fault_layer is None else fault_layer
         self.n_buffers, self.batch_invariant = n_buffers, batch_invariant
         try:
@@ -140,7 +141,7 @@ class MegakernelEngine(Engine):
                   "final_norm": self.final_norm, "rope": self.rope, "rope_decode": self.rope_decode}
         # the host-side faults leave every jitted program as the faithful engine's, and share it
         programs = _programs(c, kn.only("kernel"), self.fault_layer, n_buffers, interpret, batch_invariant,
-                             chip, kv_cache, experts, mla, rounds, residual)
+                             chip, experts, numerics)
         self.interpret, self._programs = programs.interpret, programs  # one InterpretParams per spec, as it uses
         j = programs.jitted  # the jitted steps, by name (shared per spec)
         self._prefill, self._extend, self._prefix_kv = j["_prefill"], j["_extend"], j["_prefix_kv"]
@@ -149,7 +150,7 @@ class MegakernelEngine(Engine):
         # a head fault's own head program, over the kernel programs of its kernel knobs (a head fault keyed the
         # kernel's programs too, and every one of its shapes was traced again: 54 s of CI for topk_ids_swapped)
         self._head = _programs(c, kn.only("kernel", "head"), self.fault_layer, n_buffers, interpret, batch_invariant,
-                               chip, kv_cache, experts, mla, rounds, residual).jitted["_head"]
+                               chip, experts, numerics).jitted["_head"]
         self._prefix: tuple[tuple[int, ...], tuple] | None = None  # (prefix ids, its K/V [L, 1, K, P, hd])
         self.share_prefix = True  # False: every row prefilled in full (the benchmark's ablation)
         self._paths = PathLog()

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from engines.config import Config
 from engines.megakernel import mla, moe, mxfp4, ops, recurrent
 from engines.megakernel.spec import cache_dims, cache_shapes, expert_keys, mla_keys, mode_dtype, unchunked
+from engines.recipe import FLOAT32, Recipe
 
 F32 = jnp.float32
 
@@ -34,9 +35,8 @@ def _attend(c: Config, q, k, v, visible, scale: float, sink):
 
 
 def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: jax.Array, slots: int,
-                   want_taps: bool = False, prefix: tuple | None = None, kv_dtype: str = "float32",
-                   lengths: jax.Array | None = None, routes: list | None = None, rounds: tuple[str, ...] = (),
-                   residual: str = "float32"):
+                   want_taps: bool = False, prefix: tuple | None = None, lengths: jax.Array | None = None,
+                   routes: list | None = None, numerics: Recipe = FLOAT32):
     """tokens [B, T] (right-padded; padding never reaches a real position, nor a GDN layer's state: lengths [B],
     the real tokens, None = all). Returns the residual stream after the last layer [B, T, D] float32, the state
     (k_cache, v_cache [Lkv, B, heads, slots, width]: spec.cache_shapes; with linear-attention layers their hist and S
@@ -46,9 +46,8 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     prefix: a state of batch 1 (P slots), a prompt prefix every row shares, already prefilled: tokens are then
     the rows' own suffixes at positions P.., attending to the prefix's keys and their own (causally), the
     GDN layers continuing from its state, and the cache holds prefix then suffix. routes: a list each MoE layer's
-    gates [B*T, E] are appended to (nonzero: the experts chosen), for a routing replay. rounds: the bf16 recipe's
-    rounding points in the linear-attention layers (engines.recipe.ROUND_POINTS); residual: what the stream is
-    rounded to after each add."""
+    gates [B*T, E] are appended to (nonzero: the experts chosen), for a routing replay. numerics: where it rounds
+    (the KV cache's storage, the stream after each add, the rounding points: the engine's declared recipe)."""
     B, T = tokens.shape
     D, H, hd, L = c.hidden, c.n_heads, c.head_dim, c.n_layers
     Kc, dkc, dvc = cache_dims(c, form := "absorbed" if "mla_uk" in hbm else "expanded")  # an MLA model's form
@@ -59,7 +58,7 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
            for j, s in enumerate(recurrent.state(c, B))]
     x = ops.embedded(c, embed, tokens.reshape(-1))
     pos = P + jnp.tile(jnp.arange(T, dtype=jnp.int32), B)[:, None]  # [B*T, 1]
-    kv = jnp.dtype(kv_dtype)  # the cache's storage; K/V are rounded to it before they are attended
+    kv, rounds = jnp.dtype(numerics.kv_cache), numerics.rounds  # K/V are rounded to the cache's storage, then attended
     kc, vc = (jnp.zeros(s, kv) for s in cache_shapes(c, B, slots, form))
     if prefix is not None:
         kc = kc.at[:, :, :, :P].set(jnp.broadcast_to(prefix[0], (*kc.shape[:3], P, dkc)))
@@ -70,7 +69,8 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
     gelu = c.mlp_act == "gelu_tanh"
     experts = "mxfp4" if "e_gate_q" in hbm else "dense"  # the routed experts' storage (engines.megakernel.mxfp4)
     def add(x, y, branch, l):  # the residual update (Gemma's post-norms, Muse's gates: ops.residual), as declared
-        return ops.round_to(ops.residual(c, x, y, branch, lambda key: hbm[key][l], c.rms_eps), jnp.dtype(residual))
+        return ops.round_to(ops.residual(c, x, y, branch, lambda key: hbm[key][l], c.rms_eps),
+                           jnp.dtype(numerics.residual))
     taps, blocks, ares = [], [], c.attn_res_block  # K3: the depth mixture's finished blocks
     for l in range(L):
         xin = ops.depth_mix(hbm["res_attn"][l], blocks, (l - 1) // ares + 1, x, c.rms_eps) if ares else x

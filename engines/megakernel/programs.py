@@ -20,6 +20,7 @@ from engines.megakernel.prefill import prefill_hidden
 from engines.megakernel.spec import mode_dtype
 from engines.megakernel.tpu import tpu_interpret_params
 from engines.megakernel.verify import kernel_block
+from engines.recipe import Recipe
 
 ATTN_TILE = 128  # cache positions per online-softmax step (or all slots when fewer)
 
@@ -30,28 +31,26 @@ MAX_SPECS = 6
 
 
 @lru_cache(maxsize=MAX_SPECS)
-def _programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts, mla,
-              rounds, residual) -> _Programs:
+def _programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip, experts, numerics) -> _Programs:
     """One _Programs per static spec, shared by every engine built with it (weights are arguments)."""
-    return _Programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts, mla, rounds,
-                     residual)
+    return _Programs(c, kn, fault_layer, n_buffers, interpret, batch_invariant, chip, experts, numerics)
 
 
 class _Programs:
     """The engine's jitted steps and what they read: the static spec only, never the weights (arguments), so every
     engine with the same spec shares them and a new engine does not trace the kernel again."""
 
-    def __init__(self, c, kn: Knobs, fault_layer, n_buffers, interpret, batch_invariant, chip, kv_dtype, experts, mla,
-                 rounds, residual):
+    def __init__(self, c, kn: Knobs, fault_layer, n_buffers, interpret, batch_invariant, chip, experts,
+                 numerics: Recipe):
         self.config, self.knobs, self.fault_layer, self.n_buffers, self.chip = c, kn, fault_layer, n_buffers, chip
-        self.kv_dtype, self.experts, self.mla, self.rounds = kv_dtype, experts, mla, rounds
-        self.residual = residual  # what the residual stream is rounded to after each add (the declared recipe's)
+        self.experts = experts
+        self.numerics = numerics  # where the steps round (the declared bf16 recipe; float32: nothing)
         self.interpret = {"generic": True, "tpu": tpu_interpret_params(), "mosaic": False}[interpret]
         self.batch_invariant = batch_invariant
         # the Pallas steps in the generic interpreter: their lowered programs kept on disk (engines.lowered)
         kernel_jit = partial(lowered.jit, package_dir=Path(__file__).parent, keep=interpret == "generic",
-                             spec={"programs": repr((c, kn, fault_layer, n_buffers, batch_invariant, chip, kv_dtype,
-                                                     experts, mla, rounds, residual))},
+                             spec={"programs": repr((c, kn, fault_layer, n_buffers, batch_invariant, chip, experts,
+                                                     numerics))},
                              static_argnames=("want_taps", "window"),
                              donate_argnums=(3,))
         self.final_eps = c.rms_eps if kn.final_norm_eps is None else kn.final_norm_eps  # the decode step's
@@ -59,8 +58,8 @@ class _Programs:
             "_prefill": jax.jit(self._prefill_impl, static_argnames=("slots",)),
             "_extend": jax.jit(self._extend_impl, static_argnames=("slots",)),
             "_prefix_kv": jax.jit(lambda w, tokens, lengths: prefill_hidden(
-                self.config, w["hbm"], w["embed"], w["rope"], tokens, tokens.shape[1], kv_dtype=self.kv_dtype,
-                lengths=lengths, rounds=self.rounds, residual=self.residual)[1]),
+                self.config, w["hbm"], w["embed"], w["rope"], tokens, tokens.shape[1], numerics=self.numerics,
+                lengths=lengths)[1]),
             "_score": jax.jit(self._score_impl, static_argnames=("want_taps",)),
             "_prefill_routes": jax.jit(partial(replay.prefill_routes, self), static_argnames=("slots",)),
             # the state: caches [La, B, K, S, hd] (and a GDN model's hist, S [Lg, B, ...]), rows on axis 1
@@ -95,20 +94,17 @@ class _Programs:
     def _prefill_impl(self, w, tokens, lengths, slots):
         """Each row's last hidden state [B, D] (its logits come from _head) and the state (caches, GDN state)."""
         x, state, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots,
-                                     kv_dtype=self.kv_dtype, rounds=self.rounds, residual=self.residual,
-                                     lengths=lengths)
+                                     numerics=self.numerics, lengths=lengths)
         return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0], state
 
     def _extend_impl(self, w, prefix, tokens, lengths, slots):
         x, state, _ = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens, slots,
-                                     prefix=prefix, kv_dtype=self.kv_dtype, rounds=self.rounds, residual=self.residual,
-                                     lengths=lengths)
+                                     prefix=prefix, numerics=self.numerics, lengths=lengths)
         return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0], state
 
     def _score_impl(self, w, tokens, want_taps):
         x, _, taps = prefill_hidden(self.config, w["hbm"], w["embed"], w["rope"], tokens,
-                                       tokens.shape[1], want_taps, kv_dtype=self.kv_dtype, rounds=self.rounds,
-                                       residual=self.residual)
+                                    tokens.shape[1], want_taps, numerics=self.numerics)
         return self._logits(w, x), taps
 
     def _spec(self, batch: int, slots: int, want_taps: bool, window: int | None, dtype: str,
@@ -117,9 +113,8 @@ class _Programs:
         # invariant: one tiling for every window (generate's windows are all multiples of MIN_WINDOW)
         tile = min(MIN_WINDOW if self.batch_invariant else ATTN_TILE, window)
         spec = KernelSpec(self.config, batch, slots, tile, window, self.knobs.only("kernel"),
-                          self.fault_layer, self.n_buffers, want_taps, self.interpret, kv_dtype=self.kv_dtype,
-                          experts=self.experts, block=block, mla=self.mla, rounds=self.rounds,
-                          residual=self.residual)
+                          self.fault_layer, self.n_buffers, want_taps, self.interpret, experts=self.experts,
+                          block=block, numerics=self.numerics)
         return replace(spec, vmem_limit=budget(spec, dtype, self.chip).limit)
 
     def _decode_impl(self, w, ids, pos, state, want_taps=False, window=None):

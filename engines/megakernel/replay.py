@@ -20,8 +20,7 @@ def prefill_routes(programs, w, tokens, lengths, slots):
     the gates [M, B, T, E] (nonzero: the experts chosen at each token)."""
     routes: list = []
     x, state, _ = prefill_hidden(programs.config, w["hbm"], w["embed"], w["rope"], tokens, slots,
-                                 kv_dtype=programs.kv_dtype, lengths=lengths, routes=routes,
-                                 rounds=programs.rounds, residual=programs.residual)
+                                 numerics=programs.numerics, lengths=lengths, routes=routes)
     last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]
     return last, state, jnp.stack([g.reshape(*tokens.shape, -1) for g in routes])
 

@@ -12,6 +12,7 @@ import numpy as np
 from engines.config import Config
 from engines.megakernel import ops, recurrent
 from engines.megakernel.faults import Knobs
+from engines.recipe import FLOAT32, Recipe
 
 
 def layer_keys(c: Config) -> tuple[str, ...]:
@@ -256,12 +257,31 @@ class KernelSpec:
     interpret: Any = True  # True: generic interpreter; pltpu.InterpretParams: TPU interpret mode
     kv_buffers: int = 2  # KV tile buffers; 1 (the next tile copied over the one being read) is the same control
     vmem_limit: int | None = None  # bytes, passed to Mosaic (engines.megakernel.budget); None: Mosaic's default
-    kv_dtype: str = "float32"  # the KV cache's storage (bfloat16: half the bytes a step reads)
     experts: str = "dense"  # the routed experts' storage in HBM (EXPERT_FORMATS)
     block: int = 1  # tokens a cache row feeds in the step: 1 (decode) or T (a speculative verify: anchor + drafts)
-    mla: str = "expanded"  # an MLA layer's form (MLA_FORMS)
-    rounds: tuple[str, ...] = ()  # the bf16 recipe's rounding points in linear-attention layers (Recipe.rounds)
-    residual: str = "float32"  # what the residual stream is rounded to after each add (Recipe.residual)
+    # where the step rounds: the cache's storage, the MLA form, the residual stream, the rounding points (the
+    # engine's declared bf16 recipe; float32 mode: the defaults, nothing rounded)
+    numerics: Recipe = FLOAT32
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV cache's storage (bfloat16: half the bytes a step reads)."""
+        return self.numerics.kv_cache
+
+    @property
+    def mla(self) -> str:
+        """An MLA layer's form (MLA_FORMS)."""
+        return self.numerics.mla
+
+    @property
+    def residual(self) -> str:
+        """What the residual stream is rounded to after each add."""
+        return self.numerics.residual
+
+    @property
+    def rounds(self) -> tuple[str, ...]:
+        """The rounding points (engines.recipe.ROUND_POINTS)."""
+        return self.numerics.rounds
 
     @property
     def rows(self) -> int:

@@ -12,6 +12,7 @@ from engines.megakernel import mla
 from engines.megakernel.budget import budget
 from engines.megakernel.engine import MegakernelEngine
 from engines.megakernel.spec import KernelSpec
+from engines.recipe import Recipe
 from engines.reference import ReferenceEngine
 
 # absorbed kernel (f32) vs the f32 reference, 16 kernel steps over 4 rows on mini-kimi-linear: measured max
@@ -53,7 +54,7 @@ def test_absorbed_form_matches_the_reference_teacher_forced(kimi_linear, dtype="
     assert kc.shape == (len(c.mla_layers), 2, 1, 64, c.mla_kv_rank + c.mla_rope_dim)
     assert vc.shape == (len(c.mla_layers), 2, 1, 64, c.mla_kv_rank)
     expanded = budget(KernelSpec(c, 8, 256, 128), "float32").by_group()["kv tiles"]
-    absorbed = budget(KernelSpec(c, 8, 256, 128, mla="absorbed"), "float32").by_group()["kv tiles"]
+    absorbed = budget(KernelSpec(c, 8, 256, 128, numerics=Recipe(mla="absorbed")), "float32").by_group()["kv tiles"]
     assert absorbed < expanded  # the VMEM budget's KV tiles are the latent form's (72 floats a token here, not 160)
 
 
