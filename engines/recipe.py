@@ -6,23 +6,56 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DTYPES = ("float32", "bfloat16")
-# Where a recipe may round to bf16 inside a linear-attention layer (GDN, KDA) besides its matmul inputs: the points
-# the public TPU decode kernels round at (docs/megakernel.md, "Its bf16 recipe against the public kernels' rounding
-# points"). Each is one rounding in the engine and one in the reference.
+# Where a recipe may round to bf16 besides its matmul inputs: the points the public TPU decode kernels round at
+# (docs/megakernel.md, "Its bf16 recipe against the public kernels' rounding points"), each declared by name. Each is
+# one rounding in the engine and one in the reference, written apart.
 ROUND_POINTS = {
-    "projections": "the projections' outputs (q|k|v, the output gate's logits, beta's and the decay's inputs) as they "
-                   "leave the matmul, so the conv state holds bf16 values",
-    "conv": "the short conv's output, after its SiLU",
-    "beta": "beta, after its sigmoid",
-    "out_gate": "the output norm times its weight, the gate's activation, and their product, each",
+    "projections": "a linear-attention (GDN, KDA) layer's projections (q|k|v, the output gate's logits, beta's and the "
+                   "decay's inputs) as they leave the matmul, so the conv state holds bf16 values",
+    "conv": "a linear-attention layer's short conv output, after its SiLU",
+    "beta": "a linear-attention layer's beta, after its sigmoid",
+    "out_gate": "a linear-attention layer's output norm times its weight, the gate's activation, and their product",
+    "mla": "an MLA layer's projections as they leave their matmuls (q, the compressed KV, each head's [k_nope | v], "
+           "the gate's logits), its normed latent, the attention's output and the gate's sigmoid",
+    "latent_moe": "a latent MoE's (Kimi K3's) expert gate and up projections, each expert's output, their weighted "
+                  "sum, and the layer's output (the latent path's and the shared expert's sum)",
+    "attn_res": "the attention-residual depth mixture's output (what a layer's norm, and the final norm, read)",
+    "norm_weights": "a (1 + w) norm weight, rounded once as bf(1 + w) (Muse Spark's norms)",
 }
+# The layers or parts each point lives in: (what, whether a model has it)
+POINT_SCOPE = {
+    **{p: ("linear-attention (GDN, KDA) layers", lambda c: bool(c.gdn_layers or c.kda_layers))
+       for p in ("projections", "conv", "beta", "out_gate")},
+    "mla": ("MLA layers", lambda c: bool(c.mla_layers)),
+    "latent_moe": ("a Kimi K3 latent MoE", lambda c: bool(c.moe_latent) and c.moe_latent_style != "muse"),
+    "attn_res": ("attention residuals", lambda c: bool(c.attn_res_block)),
+    "norm_weights": ("(1 + w) norm weights", lambda c: c.norm_style == "gemma"),
+}
+
+
+def public_rounds(c) -> tuple[str, ...]:
+    """The points the public TPU kernels round at on a model of c's kind (ARCHITECTURES.md section 5), in
+    ROUND_POINTS' order: Kimi's KDA keeps beta float32 and Qwen's GDN rounds it; Kimi K3's gated MLA, latent MoE and
+    attention residuals round as its kernel does; Muse Spark (the gated-residual family) rounds its (1 + w) norm
+    weights, where Qwen keeps 1 + w float32."""
+    points = set()
+    if c.kda_layers:
+        points |= {"projections", "conv", "out_gate"}
+    if c.gdn_layers:
+        points |= {"projections", "conv", "beta", "out_gate"}
+    if c.mla_layers and c.mla_out_gate:
+        points.add("mla")
+    points |= {p for p in ("latent_moe", "attn_res") if POINT_SCOPE[p][1](c)}
+    if c.residual_gates and c.norm_style == "gemma":
+        points.add("norm_weights")
+    return tuple(p for p in ROUND_POINTS if p in points)
 
 
 @dataclass(frozen=True)
 class Recipe:
     """Where an engine in bfloat16 mode rounds. Matrices are stored in bfloat16 and every matmul rounds its input to
     bfloat16 and accumulates in float32; norms, biases, RoPE, softmax and the values named float32 below stay
-    float32, and the linear-attention layers round at `rounds` (ROUND_POINTS) besides."""
+    float32, and the recipe rounds at `rounds` (ROUND_POINTS) besides."""
 
     f32_weights: tuple[str, ...] = ()  # weight arrays kept float32 besides norms and biases (e.g. "router")
     kv_cache: str = "float32"  # what a written K/V slot is rounded to
@@ -30,7 +63,7 @@ class Recipe:
     # MLA layers: "expanded" (per-head keys and values cached, formed from the latent rounded for W_kvb) or
     # "absorbed" (the latent cached; q_nope rounded for W_uk, the softmax's mixture of latents for W_uv)
     mla: str = "expanded"
-    rounds: tuple[str, ...] = ()  # ROUND_POINTS rounded to bf16 in the linear-attention layers
+    rounds: tuple[str, ...] = ()  # ROUND_POINTS rounded to bf16
 
     def __post_init__(self):
         for name, value, allowed in (("kv_cache", self.kv_cache, DTYPES), ("residual", self.residual, DTYPES),
@@ -42,7 +75,7 @@ class Recipe:
             raise ValueError(f"Recipe.rounds: unknown points {bad}; expected some of {', '.join(ROUND_POINTS)}")
 
     def rounds_at(self, point: str) -> bool:
-        """Whether the recipe rounds a linear-attention layer's value at point (one of ROUND_POINTS)."""
+        """Whether the recipe rounds the value at point (one of ROUND_POINTS)."""
         assert point in ROUND_POINTS, point
         return point in self.rounds
 

@@ -148,7 +148,7 @@ def test_golden_check_takes_engine_options_and_refuses_bad_ones_in_one_line():
     lacks, or a value its model cannot take, is one line and exit 2 after the progress line."""
     for option, needle in (("nope=1", "engine megakernel takes one of"),
                            ("mla=absorbed", "mla=absorbed is the form of MLA layers; mini-llama has none"),
-                           ("rounds=public", "inside linear-attention (GDN, KDA) layers; mini-llama has none"),
+                           ("rounds=public", "attention-residual layers and Muse's norms; mini-llama has none"),
                            ("residual=half", "residual='half': expected one of float32, bfloat16")):
         p = run("golden", "check", "--model", "mini-llama", "--engine", "megakernel", "--engine-option", option)
         assert p.returncode == 2 and "Traceback" not in p.stderr

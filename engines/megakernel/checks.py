@@ -9,9 +9,9 @@ from engines.base import DTYPES, ROUND_POINTS
 from engines.config import Config
 from engines.errors import ModelError, UnsupportedModel
 from engines.megakernel.faults import ALL_FAULTS, BY_NAME, MODEL_NEEDS
-from engines.megakernel.recurrent import PUBLIC_ROUNDS, kinds
 from engines.megakernel.spec import EXPERT_FORMATS, KIND_CODES, MLA_FORMS, SUPPORTED_FEATURES
 from engines.megakernel.tpu import CHIPS
+from engines.recipe import POINT_SCOPE, public_rounds
 
 INTERPRET_MODES = ("generic", "tpu", "mosaic")  # mosaic: compiled by Mosaic, on a TPU only
 
@@ -57,18 +57,24 @@ def check_options(c: Config, dtype: str, fault: str | None, interpret: str, kv_c
 
 def round_points(c: Config, dtype: str, value: str | None) -> tuple[str, ...]:
     """--engine-option rounds (None, "none", "public" or a comma list of ROUND_POINTS) as the recipe's points, in
-    ROUND_POINTS' order; () in float32 (float32 is float32). A ModelError names a bad point, or a model with no
-    linear-attention layer to round in."""
+    ROUND_POINTS' order; () in float32 (float32 is float32). A ModelError names a bad point, or a point in a part
+    the model does not have (engines.recipe.POINT_SCOPE), or "public" on a model the public kernels never round."""
     if value is None or value.strip() in ("", "none"):
         return ()
-    rec = kinds(c)
-    if not rec:
-        raise ModelError(f"--engine-option rounds={value}: its points are inside linear-attention (GDN, KDA) layers; "
-                         f"{c.name} has none")
-    asked = {p for k in rec for p in PUBLIC_ROUNDS[k]} if value.strip() == "public" else \
-        {p.strip() for p in value.split(",") if p.strip()}
+    if value.strip() == "public":
+        asked = set(public_rounds(c))
+        if not asked:
+            raise ModelError(f"--engine-option rounds=public: the public kernels' rounding points are in "
+                             f"linear-attention, MLA, latent-MoE and attention-residual layers and Muse's norms; "
+                             f"{c.name} has none")
+    else:
+        asked = {p.strip() for p in value.split(",") if p.strip()}
     bad = sorted(asked - set(ROUND_POINTS))
     if bad:
         raise ModelError(f"--engine-option rounds={value}: unknown point {bad[0]!r}; expected public, none or a comma "
                          f"list of {', '.join(ROUND_POINTS)}")
+    absent = [p for p in ROUND_POINTS if p in asked and not POINT_SCOPE[p][1](c)]
+    if absent:
+        raise ModelError(f"--engine-option rounds={value}: {absent[0]!r} rounds in {POINT_SCOPE[absent[0]][0]}; "
+                         f"{c.name} has none")
     return tuple(p for p in ROUND_POINTS if p in asked) if dtype == "bfloat16" else ()

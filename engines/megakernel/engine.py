@@ -94,8 +94,8 @@ class MegakernelEngine(Engine):
         experts: "mxfp4" keeps the routed experts in MXFP4 in HBM, dequantised in VMEM (engines.megakernel.mxfp4);
         None: "dense", or "mxfp4" under a fault of MXFP4's own (the fault brings the format it breaks).
         mla: an MLA layer's form (spec.MLA_FORMS); None: "expanded", or a fault's own form.
-        rounds: where bfloat16 mode rounds inside the linear-attention layers, declared in the recipe: "public" (the
-        public TPU kernels' points, recurrent.PUBLIC_ROUNDS), a comma list of engines.recipe.ROUND_POINTS, or None.
+        rounds: where bfloat16 mode rounds besides its matmul inputs, declared in the recipe: "public" (the
+        public TPU kernels' points, engines.recipe.public_rounds), a comma list of engines.recipe.ROUND_POINTS, or None.
         residual: what bfloat16 mode rounds the residual stream to after each add (the public Kimi and Qwen kernels:
         bfloat16), declared in the recipe; float32 mode keeps float32.
         verify_fault: one of engines.megakernel.verify.VERIFY_FAULTS, for the speculative engine's verify step."""
@@ -125,13 +125,14 @@ class MegakernelEngine(Engine):
         self.fault_layer = c.n_layers // 2 if fault_layer is None else fault_layer
         self.n_buffers, self.batch_invariant = n_buffers, batch_invariant
         try:
-            self.hbm = hbm_arrays(weights, dtype, experts, mla, kn.mla_uk_transposed)
+            self.hbm = hbm_arrays(weights, dtype, experts, mla, kn.mla_uk_transposed, "norm_weights" in rounds)
         except ValueError as e:  # experts=mxfp4 on weights MXFP4 cannot hold
             raise ModelError(f"--engine-option experts=mxfp4: {e}") from None
         self.embed = jnp.asarray(weights.arrays["embed"], jnp.dtype(dtype))
         head = weights.arrays["embed"] if c.tie_embeddings else weights.arrays["lm_head"]
         self.head_t = jnp.asarray(np.ascontiguousarray(head.T), jnp.dtype(dtype))  # [D, V]
-        self.final_norm = jnp.asarray(norm_weight(c, "final_norm", weights.arrays["final_norm"])[None, :], F32)
+        self.final_norm = jnp.asarray(norm_weight(c, "final_norm", weights.arrays["final_norm"],
+                                                     "norm_weights" in rounds)[None, :], F32)
         self.rope = rope_arrays(c)  # below: the decode step's own tables (the prefill is never faulted)
         faulted = kn.rope_theta_factor != 1.0 or kn.nope_rotated
         self.rope_decode = rope_arrays(c, kn.rope_theta_factor, kn.nope_rotated) if faulted else self.rope

@@ -180,7 +180,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             """A layer's input: the stream itself, or (K3) its depth mixture over n blocks and the prefix."""
             x = x_out[...]
             n = n - kn.res_blocks_short  # the fault: a block too few
-            return ops.depth_mix(b_[key][...], [blocks[j] for j in range(NB)], n, x, c.rms_eps) if ares else x
+            return ops.depth_mix(b_[key][...], [blocks[j] for j in range(NB)], n, x, c.rms_eps,
+                                 "attn_res" in spec.rounds) if ares else x
 
         def layer(l, s):
             """Layer l (traced) whose weights sit in buffer slot s (static: l % nb)."""
@@ -271,12 +272,13 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
 
             def mla_layer():
                 q, k, v = mla.project(c, {key: b_[key][...] for key in xk}, h, pos_v[...] + kn.rope_pos_offset,
-                                      pltpu.roll, kn.mla_pe_rotated)
+                                      pltpu.roll, kn.mla_pe_rotated, spec.rounds)
                 k, v = ops.round_to(k, kvd), ops.round_to(v, kvd)
                 newk[pl.ds(a, 1)] = ops.reshape(k, 1, R, Kc, 1, dkc).astype(kvd)
                 newv[pl.ds(a, 1)] = ops.reshape(v, 1, R, Kc, 1, dvc).astype(kvd)
                 out = attention.attend(spec, q, k, v, blk_v[...], False, 0, live, kv_tile, kbufs, vbufs, None, True)
-                x_out[...] = ops.round_to(x + mla.output(c, {key: b_[key][...] for key in xk}, h, out), res_dt)
+                x_out[...] = ops.round_to(x + mla.output(c, {key: b_[key][...] for key in xk}, h, out, spec.rounds),
+                                          res_dt)
 
             def recurrent_layer(r, name):
                 hist, st = sbuf[s][2 * r], sbuf[s][2 * r + 1]
@@ -351,13 +353,11 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
             guarded(0, True)
             shared = ops.swiglu(h, b_["s_gate"][...], b_["s_up"][...], b_["s_down"][...], k3=c.expert_act == "situ") \
                 if c.n_shared_experts else None
-            def get(key):
-                return b_[key][...]
-
+            get = lambda key: b_[key][...]  # noqa: E731 (one of the layer's arrays, read)
             xe = moe.down(c, h, get, eps)  # K3, Muse: the experts work in a latent
             if c.shared_expert_gate:  # Qwen3-Next: the shared expert times sigmoid(h . gate), one scalar a row
                 shared = shared * jax.nn.sigmoid(jnp.sum(h * b_["shared_gate"][...], axis=-1, keepdims=True))
-            y = jnp.zeros(xe.shape, F32)
+            y, lat = jnp.zeros(xe.shape, F32), "latent_moe" in spec.rounds
             for j in range(n_slots):
                 guarded(j, False)
                 if j + 1 < n_slots:
@@ -366,10 +366,10 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                 g = jnp.sum(jnp.where(iota == e, gates, 0.0), axis=-1, keepdims=True)  # [B, 1]: gates[:, e]
                 e_ = mxfp4.dense_expert({k: r[...] for k, r in ebuf[j % 2].items()}, mode_dtype(b_),
                                         kn.mxfp4_nibbles_swapped)  # MXFP4 experts dequantised here, in VMEM
-                out = moe.expert_out(c, ops.expert(xe, e_, c.expert_act, c.swiglu_alpha, c.swiglu_limit), get)
+                out = moe.expert_out(c, ops.expert(xe, e_, c.expert_act, c.swiglu_alpha, c.swiglu_limit, lat), get)
                 y = jnp.where(e < E, y + g * out, y)  # an unused slot's buffer is never read into y
-            y = moe.up(c, y, get, eps, kn.latent_norm_width)
-            return y + shared if shared is not None else y
+            y = moe.up(c, y, get, eps, kn.latent_norm_width, lat)
+            return ops.rounder(spec.rounds)(y + shared if shared is not None else y, "latent_moe")
 
         if nb == 2:  # layers in pairs so that each one's buffer slot is static
             def pair(j, carry):
@@ -396,5 +396,5 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
         return out
     n = 4 + len(state)  # K3: the final norm reads the depth mixture over every block and the prefix
     blocks = out[n]
-    return (ops.depth_mix(hbm["res_out"], [blocks[j] for j in range(NB)], NB, out[0], c.rms_eps), *out[1:n],
-            *out[n + 1:])
+    return (ops.depth_mix(hbm["res_out"], [blocks[j] for j in range(NB)], NB, out[0], c.rms_eps,
+                          "attn_res" in spec.rounds), *out[1:n], *out[n + 1:])

@@ -56,17 +56,20 @@ def rotated(x: jax.Array, pos: jax.Array, theta: float, style: str, heads: int =
 
 
 def project(c: Config, w: dict, h: jax.Array, pos: jax.Array | None = None, roll=jnp.roll,
-            pe_switched: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
+            pe_switched: bool = False, rounds: tuple[str, ...] = ()) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Normed inputs h [N, D] at positions pos [N, 1] -> q, k, v as the cache holds them: expanded q, k [N, H*(n+r)]
     and v [N, H*v] (head-major); absorbed (w holds mla_uk) q [N, H*(rank + r)], k [N, rank + r] and v [N, rank].
     Under Config.mla_rope q_pe and k_pe turn by pos; else they are used raw, as Kimi does. pe_switched (the fault
-    mla_pe_rotated) flips k_pe's switch: Kimi's turned (rotate-half), DeepSeek-V3's left raw."""
+    mla_pe_rotated) flips k_pe's switch: Kimi's turned (rotate-half), DeepSeek-V3's left raw. rounds: the recipe's
+    points ("mla": each projection's output and the normed latent rounded to bf16)."""
     N, H, n, r, dv, rk = h.shape[0], c.n_heads, c.mla_nope_dim, c.mla_rope_dim, c.mla_v_dim, c.mla_kv_rank
+    rd = ops.rounder(rounds)
     if c.mla_q_rank:
-        q = ops.mm(ops.rmsnorm(ops.mm(h, w["mla_qa"]), w["mla_q_norm"], c.mla_norm_eps), w["mla_qb"])
+        q = rd(ops.mm(ops.rmsnorm(rd(ops.mm(h, w["mla_qa"]), "mla"), w["mla_q_norm"], c.mla_norm_eps), w["mla_qb"]),
+               "mla")
     else:
-        q = ops.mm(h, w["mla_q"])
-    ckv = ops.mm(h, w["mla_kva"])  # [N, rk + r]: the latent, then the key part every head shares
+        q = rd(ops.mm(h, w["mla_q"]), "mla")
+    ckv = rd(ops.mm(h, w["mla_kva"]), "mla")  # [N, rk + r]: the latent, then the key part every head shares
     if c.mla_rope != pe_switched:
         style = c.rope_style if c.mla_rope else "half"
         ckv = jnp.concatenate([ckv[:, :rk], rotated(ckv[:, rk:], pos, c.rope_theta, style, roll=roll)], -1)
@@ -75,23 +78,26 @@ def project(c: Config, w: dict, h: jax.Array, pos: jax.Array | None = None, roll
                        c.rope_theta, c.rope_style, H, roll)
         q = jnp.concatenate([x for i in range(H) for x in (q[:, i * (n + r):i * (n + r) + n],
                                                            q_pe[:, i * r:(i + 1) * r])], -1)
-    latent = ops.rmsnorm(ckv[:, :rk], w["mla_kv_norm"], c.mla_norm_eps)
+    latent = rd(ops.rmsnorm(ckv[:, :rk], w["mla_kv_norm"], c.mla_norm_eps), "mla")
     if "mla_uk" in w:  # absorbed: head i's query [q_nope W_uk[i]^T | q_pe]
         parts = [q[:, i * (n + r):(i + 1) * (n + r)] for i in range(H)]
         q_lat = _heads_t(jnp.concatenate([p[:, :n] for p in parts], -1), w["mla_uk"], n)
         q = jnp.concatenate([x for i in range(H) for x in (q_lat[:, i * rk:(i + 1) * rk], parts[i][:, n:])], -1)
         return q, jnp.concatenate([latent, ckv[:, rk:]], -1), latent
-    kv = ops.mm(latent, w["mla_kvb"]).reshape(N, H, n + dv)
+    kv = rd(ops.mm(latent, w["mla_kvb"]), "mla").reshape(N, H, n + dv)
     k = jnp.concatenate([kv[:, :, :n], jnp.broadcast_to(ckv[:, None, rk:], (N, H, r))], axis=-1)
     return q, k.reshape(N, H * (n + r)), kv[:, :, n:].reshape(N, H * dv)
 
 
-def output(c: Config, w: dict, h: jax.Array, attn: jax.Array) -> jax.Array:
+def output(c: Config, w: dict, h: jax.Array, attn: jax.Array, rounds: tuple[str, ...] = ()) -> jax.Array:
     """The heads' outputs attn (expanded [N, H*v]; absorbed [N, H*rank], each head's mixture of latents, times its
-    W_uv first) through Wo (K3: gated by sigmoid(h Wg) before it): [N, D]."""
+    W_uv first) through Wo (K3: gated by sigmoid(h Wg) before it): [N, D]. rounds: the recipe's points ("mla": the
+    heads' outputs, the gate's logits and its sigmoid rounded to bf16)."""
+    rd = ops.rounder(rounds)
     if "mla_uv" in w:
         rk = c.mla_kv_rank
         attn = jnp.concatenate([ops.mm(attn[:, i * rk:(i + 1) * rk], w["mla_uv"][i]) for i in range(c.n_heads)], -1)
+    attn = rd(attn, "mla")
     if c.mla_out_gate:
-        attn = attn * jax.nn.sigmoid(ops.mm(h, w["mla_g"]))
+        attn = attn * rd(jax.nn.sigmoid(rd(ops.mm(h, w["mla_g"]), "mla")), "mla")
     return ops.mm(attn, w["mla_o"])

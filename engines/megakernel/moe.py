@@ -7,6 +7,7 @@ Spark's, whose experts read rms(x W_ld) w and each expert's output is scaled by 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from engines.config import Config
 from engines.megakernel import ops
@@ -41,9 +42,12 @@ def expert_out(c: Config, y: jax.Array, get) -> jax.Array:
     return ops.rmsnorm(y * get("expert_norm"), None, ops.MUSE_POST_EPS) if muse(c) else y
 
 
-def up(c: Config, y: jax.Array, get, eps: float, width: int = 0) -> jax.Array:
+def up(c: Config, y: jax.Array, get, eps: float, width: int = 0, rounded: bool = False) -> jax.Array:
     """The experts' weighted sum back at the hidden size (K3: normed first, over `width` where the
-    latent_norm_padded fault gives one)."""
+    latent_norm_padded fault gives one; rounded: the sum rounded to bf16 first, the recipe's latent_moe point)."""
     if not c.moe_latent:
         return y
-    return ops.mm(y if muse(c) else ops.rmsnorm(y, get("latent_norm"), eps, width), get("latent_up"))
+    if muse(c):
+        return ops.mm(y, get("latent_up"))
+    return ops.mm(ops.rmsnorm(ops.round_to(y, jnp.bfloat16) if rounded else y, get("latent_norm"), eps, width),
+                  get("latent_up"))

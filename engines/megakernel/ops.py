@@ -76,6 +76,11 @@ def online_softmax_step(mla, scores, values):
                                     precision=precision(F32)))
 
 
+def rounder(rounds: tuple[str, ...]):
+    """(x, point) -> x rounded to bf16 where the declared recipe rounds at point (engines.recipe.ROUND_POINTS)."""
+    return lambda x, point: round_to(x, jnp.bfloat16) if point in rounds else x
+
+
 def rmsnorm(x: jax.Array, w: jax.Array | None, eps: float, width: int = 0) -> jax.Array:
     """x [N, D] float32, w [1, D] float32 (None: no weight, Muse's parameter-free norms); width: the mean's divisor
     where it is not D (the latent_norm_padded fault's padded width)."""
@@ -207,10 +212,10 @@ def swiglu(h: jax.Array, g: jax.Array, u: jax.Array, d: jax.Array, gelu: bool = 
     return mm(act * mm(h, u), d)
 
 
-def depth_mix(w: jax.Array, blocks: list, n, prefix: jax.Array, eps: float) -> jax.Array:
+def depth_mix(w: jax.Array, blocks: list, n, prefix: jax.Array, eps: float, rounded: bool = False) -> jax.Array:
     """Kimi K3's attention residuals: sum_i softmax_i(s_i) v_i over v = blocks[:n] + [prefix], s_i = (v_i . w) /
     rms(v_i); blocks a list of [N, D] (n traced or static), prefix [N, D], w [1, D]; float32, blocks first then the
-    prefix, in that fixed order."""
+    prefix, in that fixed order. rounded: the result rounded to bf16 (the recipe's attn_res point)."""
     def score(v):
         return jnp.sum(v * w, -1, keepdims=True) * jax.lax.rsqrt(jnp.mean(v * v, -1, keepdims=True) + eps)
 
@@ -225,14 +230,18 @@ def depth_mix(w: jax.Array, blocks: list, n, prefix: jax.Array, eps: float) -> j
     den, acc = 0.0, 0.0
     for ok, ej, v in zip(valid, e, blocks):  # a block past n may hold anything: it never enters the sum
         den, acc = den + ej, acc + jnp.where(ok, ej * v, 0.0)
-    return (acc + ep * prefix) / (den + ep)
+    out = (acc + ep * prefix) / (den + ep)
+    return round_to(out, jnp.bfloat16) if rounded else out
 
 
-def expert(h: jax.Array, e: dict, act: str = "swiglu", alpha: float = 1.702, limit: float = 7.0) -> jax.Array:
+def expert(h: jax.Array, e: dict, act: str = "swiglu", alpha: float = 1.702, limit: float = 7.0,
+           rounded: bool = False) -> jax.Array:
     """One routed expert on h [N, D]: e holds e_gate, e_up, e_down (and gpt-oss's biases e_gate_b, e_up_b,
     e_down_b, [1, X] rows). act "gptoss": the gate clamped above at limit, up to [-limit, limit], then
-    gate * sigmoid(alpha * gate) * (up + 1); else SiLU(gate) * up."""
-    g, u = mm(h, e["e_gate"]), mm(h, e["e_up"])
+    gate * sigmoid(alpha * gate) * (up + 1); else SiLU(gate) * up. rounded: its gate and up projections and its
+    output rounded to bf16 as they leave their matmuls (the recipe's latent_moe point)."""
+    rd = rounder(("latent_moe",) if rounded else ())
+    g, u = rd(mm(h, e["e_gate"]), "latent_moe"), rd(mm(h, e["e_up"]), "latent_moe")
     if "e_gate_b" in e:
         g, u = g + e["e_gate_b"], u + e["e_up_b"]
     if act == "gptoss":
@@ -244,7 +253,7 @@ def expert(h: jax.Array, e: dict, act: str = "swiglu", alpha: float = 1.702, lim
         a = g * jax.nn.sigmoid(g)
         a = a * u
     y = mm(a, e["e_down"])
-    return y + e["e_down_b"] if "e_down_b" in e else y
+    return rd(y + e["e_down_b"] if "e_down_b" in e else y, "latent_moe")
 
 
 def softcap(s: jax.Array, cap: float) -> jax.Array:

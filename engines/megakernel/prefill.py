@@ -73,7 +73,8 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
                            jnp.dtype(numerics.residual))
     taps, blocks, ares = [], [], c.attn_res_block  # K3: the depth mixture's finished blocks
     for l in range(L):
-        xin = ops.depth_mix(hbm["res_attn"][l], blocks, (l - 1) // ares + 1, x, c.rms_eps) if ares else x
+        xin = ops.depth_mix(hbm["res_attn"][l], blocks, (l - 1) // ares + 1, x, c.rms_eps,
+                            "attn_res" in rounds) if ares else x
         h = ops.rmsnorm(xin, hbm["attn_norm"][l], c.rms_eps)
         if ares and l % ares == 0:  # a group starts: the prefix so far becomes a block, and restarts at zero
             blocks, x = blocks + [x], jnp.zeros_like(x)
@@ -84,14 +85,14 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
                                             h.reshape(B, T, D), rec[r][g], rec[r + 1][g], valid, c.rms_eps,
                                             rounds)
             rec[r], rec[r + 1] = rec[r].at[g].set(hg), rec[r + 1].at[g].set(sg)
-            x = _mlp(c, hbm, add(x, out.reshape(B * T, D), "attn", l), l, experts, add, gelu, blocks, routes)
+            x = _mlp(c, hbm, add(x, out.reshape(B * T, D), "attn", l), l, experts, add, gelu, blocks, routes, rounds)
             taps.append(x.reshape(B, T, D))
             continue
         sliding, a = c.kind(l) == "sliding", c.kv_layers.index(l)  # a: the layer's index in the KV cache
         if c.kind(l) == "mla":  # the cache's form; absorbed: W_uk, W_uv from W_kvb here (the kernel's are its own)
             xw = {key: hbm[key][a] for key in mla_keys(c)}
             xw |= dict(zip(("mla_uk", "mla_uv"), mla.absorbed_weights(c, xw["mla_kvb"]))) if form == "absorbed" else {}
-            q, k, v = mla.project(c, xw, h, pos)
+            q, k, v = mla.project(c, xw, h, pos, rounds=rounds)
             q, k, v = q.reshape(B, T, H, dkc), k.reshape(B, T, Kc, dkc), v.reshape(B, T, Kc, dvc)
             scale, sink = (c.mla_nope_dim + c.mla_rope_dim) ** -0.5, None
         else:
@@ -106,12 +107,12 @@ def prefill_hidden(c: Config, hbm: dict, embed: jax.Array, rope: dict, tokens: j
             k = jnp.concatenate([jnp.broadcast_to(pk, (B, P, *pk.shape[2:])), k], axis=1)
             v = jnp.concatenate([jnp.broadcast_to(pv, (B, P, *pv.shape[2:])), v], axis=1)
         o = _attend(c, q, k, v, local if sliding else causal, scale, sink).reshape(B * T, -1)
-        o = mla.output(c, xw, h, o) if c.kind(l) == "mla" else _attn_output(c, hbm, h, o, a)
-        x = _mlp(c, hbm, add(x, o, "attn", l), l, experts, add, gelu, blocks, routes)
+        o = mla.output(c, xw, h, o, rounds) if c.kind(l) == "mla" else _attn_output(c, hbm, h, o, a)
+        x = _mlp(c, hbm, add(x, o, "attn", l), l, experts, add, gelu, blocks, routes, rounds)
         taps.append(x.reshape(B, T, D))
     state = (kc, vc, *rec)
     if ares:  # the final norm reads the depth mixture over every block and the prefix
-        x = ops.depth_mix(hbm["res_out"], blocks, len(blocks), x, c.rms_eps)
+        x = ops.depth_mix(hbm["res_out"], blocks, len(blocks), x, c.rms_eps, "attn_res" in rounds)
     return x.reshape(B, T, D), state, (jnp.stack(taps) if want_taps else None)
 
 
@@ -141,11 +142,12 @@ def _attn_output(c: Config, hbm: dict, h, o, a: int):
     return o + hbm["bo"][a] if c.o_bias else o
 
 
-def _mlp(c: Config, hbm: dict, x, l: int, experts: str, add, gelu: bool, blocks: list, routes: list | None = None):
+def _mlp(c: Config, hbm: dict, x, l: int, experts: str, add, gelu: bool, blocks: list, routes: list | None = None,
+         rounds: tuple[str, ...] = ()):
     """Layer l's MLP (dense or MoE) and its residual update add (prefill_hidden's) on x [N, D] (K3: its input the
-    depth mixture over blocks); a MoE layer's gates appended to routes where given."""
+    depth mixture over blocks); a MoE layer's gates appended to routes where given; rounds: the recipe's points."""
     ares = c.attn_res_block
-    xin = ops.depth_mix(hbm["res_mlp"][l], blocks, l // ares + 1, x, c.rms_eps) if ares else x
+    xin = ops.depth_mix(hbm["res_mlp"][l], blocks, l // ares + 1, x, c.rms_eps, "attn_res" in rounds) if ares else x
     h = ops.rmsnorm(xin, hbm["mlp_norm"][l], c.rms_eps)
     if l < c.n_dense_layers:
         return add(x, ops.swiglu(h, *[unchunked(hbm[k][l], k) for k in ("gate", "up", "down")], gelu=gelu,
@@ -159,15 +161,15 @@ def _mlp(c: Config, hbm: dict, x, l: int, experts: str, add, gelu: bool, blocks:
     if routes is not None:
         routes.append(gates)
     xe = moe.down(c, h, get, c.rms_eps)  # K3, Muse: the experts work in a latent
-    y = jnp.zeros(xe.shape, F32)
+    y, lat = jnp.zeros(xe.shape, F32), "latent_moe" in rounds
     for e in range(c.n_experts):
         ex = mxfp4.dense_expert({k: hbm[k][m, e] for k in expert_keys(c, experts)}, mode_dtype(hbm))
         y = y + gates[:, e:e + 1] * moe.expert_out(c, ops.expert(xe, ex, c.expert_act, c.swiglu_alpha,
-                                                                 c.swiglu_limit), get)
-    y = moe.up(c, y, get, c.rms_eps)
+                                                                 c.swiglu_limit, lat), get)
+    y = moe.up(c, y, get, c.rms_eps, rounded=lat)
     if c.n_shared_experts:
         shared = ops.swiglu(h, hbm["s_gate"][m], hbm["s_up"][m], hbm["s_down"][m], k3=c.expert_act == "situ")
         if c.shared_expert_gate:  # Qwen3-Next: times sigmoid(h . gate), one scalar a token
             shared = shared * jax.nn.sigmoid(jnp.sum(h * hbm["shared_gate"][m], axis=-1, keepdims=True))
         y = y + shared
-    return add(x, y, "mlp", l)
+    return add(x, ops.rounder(rounds)(y, "latent_moe"), "mlp", l)

@@ -23,9 +23,6 @@ F32 = jnp.float32
 # a tolerance (the l2_eps_outside fault moves it).
 L2_EPS = 1e-6
 RECURRENT_KINDS = ("gdn", "kda")  # in the order their state stacks follow the KV cache in the engine's state
-# the rounding points (engines.recipe.ROUND_POINTS) the public TPU decode kernels use in each kind's layers: Kimi's
-# KDA keeps beta float32, Qwen's GDN rounds its sigmoid (docs/megakernel.md's table); --engine-option rounds=public
-PUBLIC_ROUNDS = {"kda": ("projections", "conv", "out_gate"), "gdn": ("projections", "conv", "beta", "out_gate")}
 GDN_KEYS = ("gdn_qkv", "gdn_z", "gdn_ba", "gdn_conv", "gdn_A_log", "gdn_dt_bias", "gdn_norm", "gdn_out")
 
 
@@ -66,16 +63,11 @@ def l2norm(x: jax.Array, eps_outside: bool = False) -> jax.Array:
     return x / (jnp.sqrt(ss) + L2_EPS) if eps_outside else x * jax.lax.rsqrt(ss + L2_EPS)
 
 
-def rounder(rounds: tuple[str, ...]):
-    """(x, point) -> x rounded to bf16 where the declared recipe rounds at point (engines.recipe.ROUND_POINTS)."""
-    return lambda x, point: ops.round_to(x, jnp.bfloat16) if point in rounds else x
-
-
 def project(c: Config, kind: str, h: jax.Array, w: dict, rounds: tuple[str, ...] = ()):
     """A layer's projections of normed inputs h [N, D]: raw q|k|v [N, C], the output gate's input [N, Hv*dv] (GDN's
     z, KDA's gate logits) and the state's gates (beta [N, Hv], the log decay: GDN [N, Hv], KDA [N, Hv, dk])."""
     Hk, Hv, dk, dv, _ = dims(c, kind)
-    rd = rounder(rounds)
+    rd = ops.rounder(rounds)
     proj = lambda x, key: rd(ops.mm(x, w[key]), "projections")  # noqa: E731
     mixed = proj(h, f"{kind}_qkv")
     rate = jnp.exp(w[f"{kind}_A_log"])  # [1, Hv]
@@ -99,7 +91,7 @@ def step(c: Config, kind: str, w: dict, mixed, beta, g, hist, S, kn, rounds: tup
     Hk, Hv, dk, dv, _ = dims(c, kind)
     win = jnp.concatenate([hist, mixed[:, None, :]], axis=1)  # [B, taps, C]: oldest first, this token last
     conv = jnp.sum(win * w[f"{kind}_conv"].astype(F32)[None], axis=1)  # the depthwise causal conv
-    act = rounder(rounds)(jax.nn.silu(conv), "conv")
+    act = ops.rounder(rounds)(jax.nn.silu(conv), "conv")
     new_hist = hist if kn.conv_unshifted else win[:, 1:]
     r = Hv // Hk  # key head j serves value heads j*r .. j*r+r-1
 
@@ -132,7 +124,7 @@ def finish(c: Config, kind: str, w: dict, o, gate, eps: float, rounds: tuple[str
     """o [N, Hv, dv], gate [N, Hv*dv] -> the layer's output [N, D]: RMSNorm over each head's dv with the plain
     weight, times silu(z) (GDN) or sigmoid(gate) (KDA), through out."""
     N, Hv, dv = o.shape
-    rd = rounder(rounds)
+    rd = ops.rounder(rounds)
     o = rd(ops.reshape(ops.rmsnorm(o.reshape(N * Hv, dv), w[f"{kind}_norm"], eps), N, Hv * dv), "out_gate")
     act = rd(jax.nn.silu(gate) if kind == "gdn" else jax.nn.sigmoid(gate), "out_gate")
     return ops.mm(rd(o * act, "out_gate"), w[f"{kind}_out"])

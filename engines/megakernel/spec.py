@@ -103,13 +103,16 @@ NORM_KEYS = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "post_attn_norm", "pos
 MUSE_NORM_KEYS = ("latent_norm", "expert_norm")  # Muse's latent MoE norms take the model's style too (K3's: plain)
 
 
-def norm_weight(c: Config, key: str, a):
-    """The scale a norm applies: w, or Gemma's 1 + w (float32, as the norms always are); the final norm in its own
-    style where the model gives one (Muse: plain)."""
+def norm_weight(c: Config, key: str, a, rounded: bool = False):
+    """The scale a norm applies: w, or Gemma's 1 + w (float32, as the norms always are; rounded: bf(1 + w), the
+    recipe's norm_weights point); the final norm in its own style where the model gives one (Muse: plain)."""
     muse = c.moe_latent_style == "muse" and key in MUSE_NORM_KEYS
     style = (c.final_norm_style or c.norm_style) if key == "final_norm" else \
         c.norm_style if key in NORM_KEYS or muse else "plain"
-    return a.astype("float32") + 1.0 if style == "gemma" else a
+    if style != "gemma":
+        return a
+    scale = np.asarray(a, np.float32) + np.float32(1.0)
+    return scale.astype(jnp.bfloat16).astype(np.float32) if rounded else scale
 
 
 def dense_keys(c: Config) -> tuple[str, ...]:
@@ -178,10 +181,12 @@ def hbm_dtype(key: str, dtype: str, rank: int = 2) -> str:
     return "float32" if key in KEEP_F32 or rank == 1 else dtype
 
 
-def hbm_arrays(w, dtype: str, experts: str = "dense", mla: str = "expanded", uk_transposed: bool = False) -> dict:
+def hbm_arrays(w, dtype: str, experts: str = "dense", mla: str = "expanded", uk_transposed: bool = False,
+               round_norms: bool = False) -> dict:
     """The kernel's HBM-resident per-layer stacks (w: engines.weights.Weights): vectors become [n, 1, X] rows; experts
     "mxfp4": the routed experts' matrices encoded (a ValueError when MXFP4 cannot hold them exactly); mla "absorbed":
-    W_uk and W_uv per head for the kernel (uk_transposed: the fault's), W_kvb kept for the XLA prefill."""
+    W_uk and W_uv per head for the kernel (uk_transposed: the fault's), W_kvb kept for the XLA prefill; round_norms:
+    (1 + w) norm weights placed as bf(1 + w) (the recipe's norm_weights point)."""
     from engines.megakernel import mla as mla_math
     from engines.megakernel import mxfp4
 
@@ -204,7 +209,7 @@ def hbm_arrays(w, dtype: str, experts: str = "dense", mla: str = "expanded", uk_
     for k in streamed_keys(w.config, mla) + expert_keys(w.config, experts):
         if k in out:
             continue
-        a = norm_weight(w.config, k, w.arrays[k])
+        a = norm_weight(w.config, k, w.arrays[k], round_norms)
         rank = a.ndim - 1  # per layer
         if k in EXPERT_VECTORS:
             a, rank = a[:, :, None, :], 1

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from engines.config import Config
-from engines.reference import gdn, kda, mla, residual, rope
+from engines.reference import gdn, kda, mla, residual, rope, rounding
 from engines.reference.moe import forced_choice, moe
 from engines.reference.moe import forced_gap as moe_forced_gap
 
@@ -310,7 +310,7 @@ def _mixer(h, p: dict, c: Config, layer: int, kc, vc, ctx: dict):
 
         form = mla.mla_layer_absorbed if ctx["mla_form"] == "absorbed" else mla.mla_layer  # a declared recipe's
         return form(h, p, c.mla_layers.index(layer), c, positions, ctx["rows"], kc, vc,
-                    lambda x: recipe_round(x, ctx["kv_dt"]), attend, matmul, rms_norm, rotate)
+                    lambda x: recipe_round(x, ctx["kv_dt"]), attend, matmul, rms_norm, rotate, ctx["rnd"])
     return _attention_layer(h, p, c.attn_layers.index(layer), c, ctx["ropes"][kind], positions, ctx["rows"], kc, vc,
                             ctx["kv_dt"], fresh)
 
@@ -338,6 +338,8 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
     """
     B, T = tokens.shape
     k_cache, v_cache = list(k_cache), list(v_cache)
+    if recipe is not None and recipe.rounds_at("norm_weights"):
+        p = rounding.norm_scales_rounded(p, c)
     x = p["embed"][tokens].astype(f32)  # [B, T, D], the float32 residual stream
     if c.embed_norm:  # Muse: rms(embed[token]), no weight
         x = rms_norm(x, None, c.rms_eps)
@@ -354,7 +356,7 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
     eps, style = c.rms_eps, c.norm_style
     res_dt = recipe.residual if recipe is not None else "float32"
     if c.attn_res_block:
-        stream = residual.AttnRes(x, p, c, lambda r: recipe_round(r, res_dt), f32)
+        stream = residual.AttnRes(x, p, c, lambda r: recipe_round(r, res_dt), f32, ctx["rnd"])
     elif c.residual_gates:
         stream = residual.Gated(x, p, c, rms_norm, lambda r: recipe_round(r, res_dt), f32)
     else:
@@ -370,7 +372,7 @@ def forward(p: dict, c: Config, tokens: jax.Array, positions: jax.Array,
         else:
             m = layer - c.n_dense_layers
             forced = None if experts is None else experts[m]
-            out = moe(h, p, m, c, forced)
+            out = moe(h, p, m, c, forced, ctx["rnd"])
             if want_taps:
                 routing.append(routing_margin(h, p["router"][m], p["router_bias"][m], c) if forced is None
                                else moe_forced_gap(h, p["router"][m], p["router_bias"][m], c, forced))

@@ -17,11 +17,13 @@ MOE_POST_EPS = 1e-8
 FREE, OTHER = FREE_EXPERTS, OTHER_EXPERTS  # forced rows: the router's own choice, the other side of its near-tie
 
 
-def moe(x: jax.Array, p: dict, m: int, c: Config, experts: jax.Array | None = None) -> jax.Array:
+def moe(x: jax.Array, p: dict, m: int, c: Config, experts: jax.Array | None = None, rnd=None) -> jax.Array:
     """Routed experts (every expert evaluated, weighted by route's sparse weights) + shared expert.
     expert_act "gptoss": biased projections and gptoss_glu; "situ" (K3): situ for the experts and the shared expert.
     moe_latent (K3): the experts read x Wld and their weighted sum is normed and brought up by Wlu.
-    experts [B, T, k]: the token's experts forced (a routing replay)."""
+    experts [B, T, k]: the token's experts forced (a routing replay). rnd(x, "latent_moe"): a declared recipe's
+    roundings of K3's latent path (each expert's gate and up and output, their weighted sum, the layer's output)."""
+    rnd = rnd or (lambda v, point: v)
     gates = M.route(x, p["router"][m], p["router_bias"][m], c, experts)  # [B, T, E]
     # Operands widened to float32 after rounding to the weight dtype: exactly the products of bf16
     # inputs with float32 accumulation (XLA on CPU has no bf16 x bf16 -> float32 batched contraction).
@@ -31,8 +33,8 @@ def moe(x: jax.Array, p: dict, m: int, c: Config, experts: jax.Array | None = No
     if muse:  # Muse: the latent normed before the experts
         xe = M.rms_norm(xe, p["latent_norm"][m], c.rms_eps, c.norm_style)
     x32 = M.rounded(xe, wd)
-    g = jnp.einsum("btd,edf->btef", x32, p["e_gate"][m].astype(M.f32))
-    u = jnp.einsum("btd,edf->btef", x32, p["e_up"][m].astype(M.f32))
+    g = rnd(jnp.einsum("btd,edf->btef", x32, p["e_gate"][m].astype(M.f32)), "latent_moe")
+    u = rnd(jnp.einsum("btd,edf->btef", x32, p["e_up"][m].astype(M.f32)), "latent_moe")
     if c.expert_bias:
         g, u = g + p["e_gate_b"][m].astype(M.f32), u + p["e_up_b"][m].astype(M.f32)
     if c.expert_act == "gptoss":
@@ -42,6 +44,7 @@ def moe(x: jax.Array, p: dict, m: int, c: Config, experts: jax.Array | None = No
     y = jnp.einsum("btef,efd->bted", M.rounded(h, wd), p["e_down"][m].astype(M.f32))
     if c.expert_bias:
         y = y + p["e_down_b"][m].astype(M.f32)
+    y = rnd(y, "latent_moe")
     if muse:  # Muse: each expert's output times its norm weight, then normed (no weight) before the weighted sum
         w_post = p["expert_norm"][m].astype(M.f32) + (1.0 if c.norm_style == "gemma" else 0.0)
         y = M.rms_norm(y * w_post, None, MOE_POST_EPS)
@@ -49,14 +52,14 @@ def moe(x: jax.Array, p: dict, m: int, c: Config, experts: jax.Array | None = No
     if muse:
         out = M.matmul(out, p["latent_up"][m])
     elif c.moe_latent:  # K3: normed over the latent's true width, then back up to the hidden size
-        out = M.matmul(M.rms_norm(out, p["latent_norm"][m], c.rms_eps), p["latent_up"][m])
+        out = M.matmul(M.rms_norm(rnd(out, "latent_moe"), p["latent_norm"][m], c.rms_eps), p["latent_up"][m])
     if c.n_shared_experts:
         act = "situ" if c.expert_act == "situ" else "silu"
         shared = M.swiglu(x, p["s_gate"][m], p["s_up"][m], p["s_down"][m], act)
         if c.shared_expert_gate:  # Qwen3-Next: a sigmoid gate on the shared expert, one scalar a token
             shared = shared * jax.nn.sigmoid(M.matmul(x, p["shared_gate"][m][:, None]))
         out = out + shared
-    return out
+    return rnd(out, "latent_moe")
 
 
 def forced_gap(x: jax.Array, router: jax.Array, bias: jax.Array, c: Config,

@@ -40,10 +40,11 @@ class Plain:
 
 
 class AttnRes:
-    """Kimi K3's attention residuals (module docstring); block = Config.attn_res_block layers."""
+    """Kimi K3's attention residuals (module docstring); block = Config.attn_res_block layers. rnd(x, "attn_res"):
+    a declared recipe's rounding of each mixture's output (K3's kernel hands its norms a bf16 mixture)."""
 
-    def __init__(self, x, p: dict, c, round_res, f32):
-        self.p, self.c, self.round, self.f32 = p, c, round_res, f32
+    def __init__(self, x, p: dict, c, round_res, f32, rnd):
+        self.p, self.c, self.round, self.f32, self.rnd = p, c, round_res, f32, rnd
         self.blocks: list = []
         self.prefix = x
 
@@ -51,7 +52,7 @@ class AttnRes:
         v = jnp.stack(self.blocks[:n] + [self.prefix])  # [n+1, B, T, D]
         score = jnp.einsum("nbtd,d->nbt", v, w.astype(self.f32)) * jax.lax.rsqrt(
             jnp.mean(v * v, axis=-1) + self.f32(self.c.rms_eps))
-        return jnp.einsum("nbt,nbtd->btd", jax.nn.softmax(score, axis=0), v)
+        return self.rnd(jnp.einsum("nbt,nbtd->btd", jax.nn.softmax(score, axis=0), v), "attn_res")
 
     def attn_input(self, layer: int):
         return self.mix(self.p["res_attn"][layer], (layer - 1) // self.c.attn_res_block + 1)
