@@ -21,6 +21,7 @@ from engines.megakernel.budget import budget, tiled_bytes
 from engines.megakernel.engine import MAX_BATCH
 from engines.megakernel.faults import ALL_FAULTS, BY_NAME, MODEL_NEEDS, knobs
 from engines.megakernel.tpu import Chip
+from engines.recipe import public_rounds
 
 MOSAIC_DTYPES = {"f32": "float32", "bf16": "bfloat16", "i32": "int32", "i8": "uint8"}
 BATCHES = (1, 2, 4, 8)  # the kernel's row buckets (engines.loop pads rows to a power of two, at most MAX_BATCH)
@@ -105,14 +106,25 @@ def test_each_configuration_axis_lowers_for_tpu(lowering_engines):
             check_lowered(MegakernelEngine(weights, eng.dtype, experts="mxfp4"), 4, 3 * MIN_WINDOW)
         if eng.dtype == "bfloat16":  # the bf16 KV cache: its tiles and staging in bf16, counted so by the budget
             check_lowered(MegakernelEngine(weights, eng.dtype, kv_cache="bfloat16"), 4, 3 * MIN_WINDOW)
-            # the public kernels' recipe: the stream rounded after every add, a linear-attention layer's points
-            public = "public" if any(k in eng.config.layer_kinds for k in ("gdn", "kda")) else None
+            # the public kernels' recipe: the stream rounded after every add, and the family's rounding points
+            public = "public" if public_rounds(eng.config) else None
             check_lowered(MegakernelEngine(weights, eng.dtype, kv_cache="bfloat16", residual="bfloat16",
                                            rounds=public), 2, 2 * MIN_WINDOW)
         # the speculative verify step (4 query rows a cache row; a recurrent model's state snapshots), every family
         check_lowered(eng, 2, ws[1], block=4)
         if eng.config.name == "mini-llama":  # and its one fault, the block's causal mask off by one
             check_lowered(MegakernelEngine(weights, eng.dtype, verify_fault="block_mask_ahead"), 2, ws[1], block=4)
+
+
+def test_kimi_k3s_public_recipe_lowers_for_tpu():
+    """Kimi K3's public bf16 recipe rounds inside MLA layers, the latent MoE and the depth mixture (besides KDA's
+    points and the stream): those roundings lower as well (the bf16 families above have none of the three)."""
+    from evalsuite.models import load_model
+
+    eng = MegakernelEngine(load_model("mini-kimi").weights, "bfloat16", kv_cache="bfloat16", residual="bfloat16",
+                           rounds="public")
+    assert {"mla", "latent_moe", "attn_res"} <= set(eng.rounds)
+    check_lowered(eng, 2, 2 * MIN_WINDOW)
 
 
 @pytest.mark.heavy
