@@ -351,8 +351,8 @@ def decode_layers(spec: KernelSpec, hbm: dict, x: jax.Array, pos: jax.Array, k_c
                          for q, k in enumerate(ek)], start)
 
             guarded(0, True)
-            shared = ops.swiglu(h, b_["s_gate"][...], b_["s_up"][...], b_["s_down"][...], k3=c.expert_act == "situ") \
-                if c.n_shared_experts else None
+            shared = ops.swiglu(h, b_["s_gate"][...], b_["s_up"][...], b_["s_down"][...], k3=c.expert_act == "situ",
+                                rounded="latent_moe" in spec.rounds) if c.n_shared_experts else None
             get = lambda key: b_[key][...]  # noqa: E731 (one of the layer's arrays, read)
             xe = moe.down(c, h, get, eps)  # K3, Muse: the experts work in a latent
             if c.shared_expert_gate:  # Qwen3-Next: the shared expert times sigmoid(h . gate), one scalar a row

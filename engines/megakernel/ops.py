@@ -202,12 +202,15 @@ def situ(g: jax.Array, u: jax.Array) -> jax.Array:
     return 4.0 * jnp.tanh(g / 4.0) * jax.nn.sigmoid(g) * 25.0 * jnp.tanh(u / 25.0)
 
 
-def swiglu(h: jax.Array, g: jax.Array, u: jax.Array, d: jax.Array, gelu: bool = False, k3: bool = False) -> jax.Array:
+def swiglu(h: jax.Array, g: jax.Array, u: jax.Array, d: jax.Array, gelu: bool = False, k3: bool = False,
+           rounded: bool = False) -> jax.Array:
     """act(h g) * (h u), then d; act SiLU, or tanh-GELU with gelu (Gemma's GeGLU; the gelu_mlp fault's swap); k3:
-    situ(h g, h u) (Kimi K3)."""
+    situ(h g, h u) (Kimi K3), rounded: its two projections and its output rounded to bf16 as a routed expert's are
+    (the recipe's latent_moe point on K3's shared expert)."""
     a = mm(h, g)
     if k3:
-        return mm(situ(a, mm(h, u)), d)
+        rd = rounder(("latent_moe",) if rounded else ())
+        return rd(mm(situ(rd(a, "latent_moe"), rd(mm(h, u), "latent_moe")), d), "latent_moe")
     act = gelu_tanh(a) if gelu else a * jax.nn.sigmoid(a)
     return mm(act * mm(h, u), d)
 

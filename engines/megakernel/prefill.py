@@ -168,7 +168,8 @@ def _mlp(c: Config, hbm: dict, x, l: int, experts: str, add, gelu: bool, blocks:
                                                                  c.swiglu_limit, lat), get)
     y = moe.up(c, y, get, c.rms_eps, rounded=lat)
     if c.n_shared_experts:
-        shared = ops.swiglu(h, hbm["s_gate"][m], hbm["s_up"][m], hbm["s_down"][m], k3=c.expert_act == "situ")
+        shared = ops.swiglu(h, hbm["s_gate"][m], hbm["s_up"][m], hbm["s_down"][m], k3=c.expert_act == "situ",
+                            rounded=lat)
         if c.shared_expert_gate:  # Qwen3-Next: times sigmoid(h . gate), one scalar a token
             shared = shared * jax.nn.sigmoid(jnp.sum(h * hbm["shared_gate"][m], axis=-1, keepdims=True))
         y = y + shared

@@ -22,7 +22,8 @@ def moe(x: jax.Array, p: dict, m: int, c: Config, experts: jax.Array | None = No
     expert_act "gptoss": biased projections and gptoss_glu; "situ" (K3): situ for the experts and the shared expert.
     moe_latent (K3): the experts read x Wld and their weighted sum is normed and brought up by Wlu.
     experts [B, T, k]: the token's experts forced (a routing replay). rnd(x, "latent_moe"): a declared recipe's
-    roundings of K3's latent path (each expert's gate and up and output, their weighted sum, the layer's output)."""
+    roundings of K3's latent path (each expert's gate and up and output, the shared expert's too, their weighted sum,
+    the layer's output)."""
     rnd = rnd or (lambda v, point: v)
     gates = M.route(x, p["router"][m], p["router_bias"][m], c, experts)  # [B, T, E]
     # Operands widened to float32 after rounding to the weight dtype: exactly the products of bf16
@@ -54,8 +55,11 @@ def moe(x: jax.Array, p: dict, m: int, c: Config, experts: jax.Array | None = No
     elif c.moe_latent:  # K3: normed over the latent's true width, then back up to the hidden size
         out = M.matmul(M.rms_norm(rnd(out, "latent_moe"), p["latent_norm"][m], c.rms_eps), p["latent_up"][m])
     if c.n_shared_experts:
-        act = "situ" if c.expert_act == "situ" else "silu"
-        shared = M.swiglu(x, p["s_gate"][m], p["s_up"][m], p["s_down"][m], act)
+        if c.expert_act == "situ":  # K3: rounded where a routed expert is (its projections, its output)
+            g, u = (rnd(M.matmul(x, p[k][m]), "latent_moe") for k in ("s_gate", "s_up"))
+            shared = rnd(M.matmul(M.situ(g, u), p["s_down"][m]), "latent_moe")
+        else:
+            shared = M.swiglu(x, p["s_gate"][m], p["s_up"][m], p["s_down"][m])
         if c.shared_expert_gate:  # Qwen3-Next: a sigmoid gate on the shared expert, one scalar a token
             shared = shared * jax.nn.sigmoid(M.matmul(x, p["shared_gate"][m][:, None]))
         out = out + shared
