@@ -33,22 +33,16 @@ POINT_SCOPE = {
 }
 
 
+# What "public" adds to a point's scope: Kimi's KDA keeps beta float32 (Qwen's GDN rounds it), Kimi Linear's
+# ungated MLA is not K3's, and Qwen keeps 1 + w float32 where Muse Spark (the gated-residual family) rounds it.
+PUBLIC_ONLY = {"beta": lambda c: bool(c.gdn_layers), "mla": lambda c: bool(c.mla_out_gate),
+               "norm_weights": lambda c: bool(c.residual_gates)}
+
+
 def public_rounds(c) -> tuple[str, ...]:
     """The points the public TPU kernels round at on a model of c's kind (ARCHITECTURES.md section 5), in
-    ROUND_POINTS' order: Kimi's KDA keeps beta float32 and Qwen's GDN rounds it; Kimi K3's gated MLA, latent MoE and
-    attention residuals round as its kernel does; Muse Spark (the gated-residual family) rounds its (1 + w) norm
-    weights, where Qwen keeps 1 + w float32."""
-    points = set()
-    if c.kda_layers:
-        points |= {"projections", "conv", "out_gate"}
-    if c.gdn_layers:
-        points |= {"projections", "conv", "beta", "out_gate"}
-    if c.mla_layers and c.mla_out_gate:
-        points.add("mla")
-    points |= {p for p in ("latent_moe", "attn_res") if POINT_SCOPE[p][1](c)}
-    if c.residual_gates and c.norm_style == "gemma":
-        points.add("norm_weights")
-    return tuple(p for p in ROUND_POINTS if p in points)
+    ROUND_POINTS' order: every point in c's scope (POINT_SCOPE) that PUBLIC_ONLY does not narrow away."""
+    return tuple(p for p in ROUND_POINTS if POINT_SCOPE[p][1](c) and PUBLIC_ONLY.get(p, lambda c: True)(c))
 
 
 @dataclass(frozen=True)

@@ -104,10 +104,10 @@ class MegakernelEngine(Engine):
             "absorbed" if needs == "mla_absorbed" else "expanded")
         check_options(weights.config, dtype, fault, interpret, kv_cache, experts, chip, mla, residual)
         kv_cache, residual = (kv_cache, residual) if dtype == "bfloat16" else ("float32", "float32")  # the bf16 recipe
-        self.rounds = rounds = round_points(weights.config, dtype, rounds)
+        rounds = round_points(weights.config, dtype, rounds)
         c = self.config = weights.config
         self.name = "megakernel"
-        self.chip, self.kv_cache, self.experts, self.mla, self.residual = chip, kv_cache, experts, mla, residual
+        self.chip, self.experts = chip, experts
         # where the kernel rounds: the declared bf16 recipe's settings (float32: nothing), one value every program takes
         self.numerics = numerics = Recipe(kv_cache=kv_cache, residual=residual, mla=mla, rounds=rounds)
         largest = KernelSpec(c, MAX_BATCH, ATTN_TILE, MIN_WINDOW if batch_invariant else ATTN_TILE, want_taps=True,
@@ -124,15 +124,16 @@ class MegakernelEngine(Engine):
         self.recipe = replace(numerics, f32_weights=BF16_RECIPE.f32_weights) if dtype != "float32" else None
         self.fault_layer = c.n_layers // 2 if fault_layer is None else fault_layer
         self.n_buffers, self.batch_invariant = n_buffers, batch_invariant
+        round_norms = numerics.rounds_at("norm_weights")  # Muse Spark's bf(1 + w), in the HBM copies and the final norm
         try:
-            self.hbm = hbm_arrays(weights, dtype, experts, mla, kn.mla_uk_transposed, "norm_weights" in rounds)
+            self.hbm = hbm_arrays(weights, dtype, experts, mla, kn.mla_uk_transposed, round_norms)
         except ValueError as e:  # experts=mxfp4 on weights MXFP4 cannot hold
             raise ModelError(f"--engine-option experts=mxfp4: {e}") from None
         self.embed = jnp.asarray(weights.arrays["embed"], jnp.dtype(dtype))
         head = weights.arrays["embed"] if c.tie_embeddings else weights.arrays["lm_head"]
         self.head_t = jnp.asarray(np.ascontiguousarray(head.T), jnp.dtype(dtype))  # [D, V]
         self.final_norm = jnp.asarray(norm_weight(c, "final_norm", weights.arrays["final_norm"],
-                                                     "norm_weights" in rounds)[None, :], F32)
+                                                     round_norms)[None, :], F32)
         self.rope = rope_arrays(c)  # below: the decode step's own tables (the prefill is never faulted)
         faulted = kn.rope_theta_factor != 1.0 or kn.nope_rotated
         self.rope_decode = rope_arrays(c, kn.rope_theta_factor, kn.nope_rotated) if faulted else self.rope
@@ -184,6 +185,12 @@ class MegakernelEngine(Engine):
         return self._decode._cache_size()
 
     # ---- the protocol --------------------------------------------------------------------------
+    # the declared recipe's settings, read from the one value the kernel's programs take
+    kv_cache = property(lambda self: self.numerics.kv_cache)
+    residual = property(lambda self: self.numerics.residual)
+    mla = property(lambda self: self.numerics.mla)
+    rounds = property(lambda self: self.numerics.rounds)
+
     @property
     def fingerprint(self) -> str:
         """Source, jax versions and static spec (engines.base.source_fingerprint)."""
